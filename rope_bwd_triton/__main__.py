@@ -1,0 +1,30 @@
+"""`python -m rope_bwd_triton <command>`: each command lives in its own module,
+which defines add_arguments(parser) and main(args)."""
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
+    "demo": "build, load through get_kernel, run and verify the 16 public workloads",
+    "bench": "benchmark against peers and the byte floor (GPU)",
+    "tune": "search launch configurations and write the package's tuned JSON (GPU)",
+    "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, bound (GPU)",
+    "publish": "upload the built variants to the Hub (or --dry-run, or --to-cache)",
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rope_bwd_triton", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for name, help_ in COMMANDS.items():
+        modules[name] = importlib.import_module(f"rope_bwd_triton.{name}")
+        modules[name].add_arguments(sub.add_parser(name, help=help_, description=help_))
+    args = parser.parse_args(argv)
+    return modules[args.command].main(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Offline twin of kernel-builder's torch-noarch build.
+
+kernel-builder needs Nix and the network, so this writes the same output:
+    build/torch-<backend>/            one variant per backend in build.toml
+        <the package's files>         torch-ext/rope_bwd/*, extensions from [torch-noarch] pyext
+        _ops.py                       ops namespace _rope_bwd_<backend>_<unique id>
+        metadata.json                 name, id, version, license, python-depends, backend, digest
+        rope_bwd/__init__.py          compatibility directory re-exporting the variant
+The unique id comes from the git revision (short hash, `_dirty` when the tree has
+uncommitted changes), so that two builds can be loaded in one process.
+"""
+
+import json
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+from . import REPO_ROOT
+
+OPS_TEMPLATE = '''import torch
+
+
+def get_backend() -> str:
+    """Detect the backend by inspecting torch."""
+    if torch.version.cuda is not None:
+        return "cuda"
+    elif torch.version.hip is not None:
+        return "rocm"
+    elif torch.backends.mps.is_available():
+        return "metal"
+    elif hasattr(torch.version, "xpu") and torch.version.xpu is not None:
+        return "xpu"
+    return "cpu"
+
+
+_OPS_NAME = f"_{KERNEL_NAME}_{{get_backend()}}_{UNIQUE_ID}"
+
+ops = getattr(torch.ops, _OPS_NAME)
+
+
+def add_op_namespace_prefix(op_name: str) -> str:
+    """Prefix op by namespace."""
+    return f"{{_OPS_NAME}}::{{op_name}}"
+'''
+
+COMPAT_TEMPLATE = '''"""Compatibility directory: re-exports the variant one level up, for loaders
+that look for <variant>/{module}/__init__.py."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+_root = Path(__file__).resolve().parent.parent
+_name = json.loads((_root / "metadata.json").read_text())["id"]
+if _name not in sys.modules:  # not loaded yet under the id kernels uses
+    _spec = importlib.util.spec_from_file_location(_name, _root / "__init__.py")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules[_name] = _module
+    _spec.loader.exec_module(_module)
+_variant = sys.modules[_name]
+__all__ = list(_variant.__all__)
+globals().update({{_k: getattr(_variant, _k) for _k in __all__}})
+'''
+
+
+def read_config(root: Path = REPO_ROOT) -> dict:
+    """build.toml, checked by the kernels project's own parser first."""
+    from kernels._rust import Build
+
+    Build.open(root)
+    return tomllib.loads((root / "build.toml").read_text())
+
+
+def git_state(root: Path = REPO_ROOT):
+    """(commit, dirty) of the checkout, or None outside git."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+
+
+def unique_id(root: Path = REPO_ROOT) -> str:
+    state = git_state(root)
+    if state is None:
+        return "nogit"
+    commit, dirty = state
+    return commit[:7] + ("_dirty" if dirty else "")
+
+
+def build_variants(root: Path = REPO_ROOT, out: Path | None = None) -> list[Path]:
+    """Write build/torch-<backend>/ for every backend; returns the variant paths."""
+    from kernels._rust import Digest, DigestAlgorithm, Metadata
+
+    config = read_config(root)
+    general = config["general"]
+    name = general["name"]
+    module = name.replace("-", "_")
+    source = root / "torch-ext" / module
+    exts = {"." + e for e in config.get("torch-noarch", {}).get("pyext", ["py", "pyi"])}
+    uid = unique_id(root)
+    out = out or root / "build"
+
+    variants = []
+    for backend in general["backends"]:
+        variant = out / f"torch-{backend}"
+        if variant.exists():
+            shutil.rmtree(variant)
+        for path in sorted(source.rglob("*")):
+            if path.is_file() and path.suffix in exts and "__pycache__" not in path.parts:
+                dest = variant / path.relative_to(source)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, dest)
+        (variant / "_ops.py").write_text(OPS_TEMPLATE.format(KERNEL_NAME=module, UNIQUE_ID=uid))
+        (variant / module).mkdir()
+        (variant / module / "__init__.py").write_text(COMPAT_TEMPLATE.format(module=module))
+
+        digest = Digest.hash_variant(DigestAlgorithm.SHA256, variant)
+        metadata = {
+            "name": name,
+            "id": f"_{module}_{backend}_{uid}",
+            "version": general["version"],
+            "license": general["license"],
+            "python-depends": general.get("python-depends", []),
+            "backend": {"type": backend},
+            "digest": {"algorithm": "sha256", "files": dict(sorted(digest.files.items()))},
+        }
+        (variant / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+        Metadata.read_from_file(variant / "metadata.json")  # the loader's parser must accept it
+        variants.append(variant)
+    return variants
+
+
+def repo_id(root: Path = REPO_ROOT) -> str:
+    return read_config(root)["general"]["hub"]["repo-id"]
+
+
+def add_arguments(parser):
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <repo>/build)")
+
+
+def main(args) -> int:
+    for variant in build_variants(out=args.out):
+        meta = json.loads((variant / "metadata.json").read_text())
+        print(f"built {variant} (id {meta['id']}, {len(meta['digest']['files'])} files)")
+    print(f"load with: LOCAL_KERNELS={repo_id()}={REPO_ROOT} and kernels.get_kernel({repo_id()!r}, version=1)")
+    return 0

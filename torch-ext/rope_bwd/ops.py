@@ -1,0 +1,201 @@
+"""Custom ops (torch.library) and the public functions.
+
+Three ops, named through add_op_namespace_prefix so that several builds can be
+loaded in one process:
+    rotary_fwd    (q, k, table, sin?) -> (q_embed, k_embed)          autograd: rotary_bwd
+    rotary_bwd    (gq, gk, q?, k?, table, sin?, need_q, need_k) -> (dq, dk, dtable, dsin)
+    rope_bwd_out  the same backward written into caller buffers (destination passing)
+`table` is the angle table `embeddings` when `sin` is None, else `cos`. Outputs
+that are not asked for come back as empty tensors.
+
+Dispatch: CUDA tensors run the Triton kernel; CPU tensors run rotary_torch,
+or the Triton kernel in Triton's interpreter when TRITON_INTERPRET=1.
+"""
+
+import contextlib
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import rotary_torch, tuning
+from ._ops import add_op_namespace_prefix
+from .validation import check_inputs, check_out
+
+
+def _use_triton(t: Tensor) -> bool:
+    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
+    from . import rotary_triton  # first GPU/interpreter use only: CPU machines need no Triton
+
+    mode = "fwd" if not adjoint else ("bwd" if g0 is not None else "bwd_qk")
+    S, HQ, D = x_q.shape
+    cfg = tuning.config_for(mode, S, HQ, x_k.shape[1], D, x_q.element_size(), x_q.device)
+    # Triton launches on the current device: make it the tensors' one.
+    with torch.cuda.device(x_q.device) if x_q.is_cuda else contextlib.nullcontext():
+        rotary_triton.launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, adjoint=adjoint, config=cfg)
+
+
+def _empty_like(t: Tensor) -> Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _none_marker(t: Tensor) -> Tensor:
+    return t.new_empty((0,))
+
+
+# ---------------------------------------------------------------- forward op
+
+@torch.library.custom_op(add_op_namespace_prefix("rotary_fwd"), mutates_args=())
+def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    if not _use_triton(q):
+        return rotary_torch.forward(q, k, table, sin)
+    q_embed, k_embed = _empty_like(q), _empty_like(k)
+    _launch(q, k, q_embed, k_embed, None, None, table, sin, None, None, adjoint=False)
+    return q_embed, k_embed
+
+
+@rotary_fwd.register_fake
+def _(q, k, table, sin):
+    return _empty_like(q), _empty_like(k)
+
+
+# --------------------------------------------------------------- backward op
+
+def _bwd_outputs(gq, gk, q, table, sin, need_q, need_k):
+    table_grad = q is not None
+    return (
+        _empty_like(gq) if need_q else _none_marker(gq),
+        _empty_like(gk) if need_k else _none_marker(gk),
+        _empty_like(table) if table_grad else _none_marker(table),
+        _empty_like(sin) if table_grad and sin is not None else _none_marker(table),
+    )
+
+
+@torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
+def rotary_bwd(
+    gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
+    table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    outs = _bwd_outputs(gq, gk, q, table, sin, need_q, need_k)
+    if not _use_triton(gq):
+        res = rotary_torch.backward(gq, gk, q, k, table, sin, need_q=need_q, need_k=need_k)
+        return tuple(r if r is not None else o for r, o in zip(res, outs))
+    dq, dk, dt, ds = outs
+    _launch(
+        gq, gk, dq if need_q else None, dk if need_k else None, q, k, table, sin,
+        dt if q is not None else None, ds if q is not None and sin is not None else None,
+        adjoint=True,
+    )
+    return outs
+
+
+@rotary_bwd.register_fake
+def _(gq, gk, q, k, table, sin, need_q, need_k):
+    return _bwd_outputs(gq, gk, q, table, sin, need_q, need_k)
+
+
+@torch.library.custom_op(
+    add_op_namespace_prefix("rope_bwd_out"), mutates_args=("grad_q", "grad_k", "grad_embeddings")
+)
+def rope_bwd_out(
+    grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor,
+    grad_q: Tensor, grad_k: Tensor, grad_embeddings: Tensor,
+) -> None:
+    if not _use_triton(q):
+        dq, dk, de, _ = rotary_torch.backward(grad_q_embed, grad_k_embed, q, k, embeddings)
+        grad_q.copy_(dq)
+        grad_k.copy_(dk)
+        grad_embeddings.copy_(de)
+        return
+    _launch(
+        grad_q_embed, grad_k_embed, grad_q, grad_k, q, k, embeddings, None, grad_embeddings, None,
+        adjoint=True,
+    )
+
+
+@rope_bwd_out.register_fake
+def _(grad_q_embed, grad_k_embed, q, k, embeddings, grad_q, grad_k, grad_embeddings):
+    return None
+
+
+# ------------------------------------------------------------------ autograd
+
+def _setup_context(ctx, inputs, output):
+    q, k, table, sin = inputs
+    ctx.table_grad = ctx.needs_input_grad[2] or (sin is not None and ctx.needs_input_grad[3])
+    # q and k are kept only when the table needs a gradient (the real models'
+    # cos/sin come from buffers): that backward then never reads them.
+    ctx.save_for_backward(q if ctx.table_grad else None, k if ctx.table_grad else None, table, sin)
+
+
+def _backward(ctx, gq, gk):
+    q, k, table, sin = ctx.saved_tensors
+    need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    dq, dk, dt, ds = rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k)
+    return (
+        dq if need_q else None,
+        dk if need_k else None,
+        dt if ctx.needs_input_grad[2] else None,
+        ds if sin is not None and ctx.needs_input_grad[3] else None,
+    )
+
+
+rotary_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------ public functions
+
+def _rotary_angles(fn, q, k, embeddings):
+    check_inputs(fn, [("q", q), ("k", k)], [("embeddings", embeddings)])
+    return rotary_fwd(q, k, embeddings, None)
+
+
+def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
+    """q_embed, k_embed = q*cos + rotate_half(q)*sin (same for k), cos/sin of `embeddings`.
+
+    q [S, HQ, D], k [S, HK, D] (any strides), embeddings [S, D] angles.
+    Math in float32; outputs in the dtype of q / k."""
+    return _rotary_angles("rope_fwd", q, k, embeddings)
+
+
+def apply_rotary_emb(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
+    """rope_fwd for autograd users: differentiable in q, k and embeddings."""
+    return _rotary_angles("apply_rotary_emb", q, k, embeddings)
+
+
+def apply_rotary_pos_emb_vision(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """transformers' vision rotary, same signature and dtype behaviour: q, k [S, H, D];
+    cos, sin [S, D]; math in float32, outputs in q's / k's dtype. Differentiable in
+    q, k, cos and sin; when cos/sin need no gradient the backward reads only the
+    upstream gradients and the table."""
+    check_inputs("apply_rotary_pos_emb_vision", [("q", q), ("k", k)], [("cos", cos), ("sin", sin)])
+    return rotary_fwd(q, k, cos, sin)
+
+
+def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, out=None):
+    """Backward of rope_fwd (SOL-ExecBench 019): (grad_q, grad_k, grad_embeddings).
+
+    grad_q_embed/q [S, HQ, D], grad_k_embed/k [S, HK, D], embeddings [S, D].
+    out: optional (grad_q, grad_k, grad_embeddings) buffers to write instead of
+    allocating; they must not overlap the inputs or each other."""
+    fn = "rope_bwd"
+    check_inputs(
+        fn, [("q", q), ("k", k)], [("embeddings", embeddings)],
+        [("grad_q_embed", grad_q_embed, ("q", q)), ("grad_k_embed", grad_k_embed, ("k", k))],
+    )
+    if out is None:
+        dq, dk, de, _ = rotary_bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True)
+        return dq, dk, de
+    check_out(
+        fn, out,
+        [("grad_q", q.shape, q.dtype, q.device), ("grad_k", k.shape, k.dtype, k.device),
+         ("grad_embeddings", embeddings.shape, embeddings.dtype, embeddings.device)],
+        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k),
+         ("embeddings", embeddings)],
+    )
+    rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out)
+    return tuple(out)

@@ -1,0 +1,81 @@
+"""Launch configurations for the rotary kernel.
+
+Tuned configurations ship as JSON in configs/, one file per GPU name
+(`configs/<device name, spaces as _>.json`), each mapping a shape bucket (see
+`bucket`) to {BLOCK_S, BLOCK_D, num_warps}. Unknown GPUs and buckets get the
+heuristic `default_config`. Nothing is autotuned at a user's call.
+"""
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+MODES = ("fwd", "bwd", "bwd_qk")  # forward; backward with table gradient; backward of q/k only
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def s_bucket(S: int) -> str:
+    for top in (256, 1024, 4096, 16384):
+        if S <= top:
+            return f"S{top}"
+    return "Sbig"
+
+
+def bucket(mode: str, S: int, H: int, D: int, elem_size: int) -> str:
+    """Key of a tuned configuration: mode, head_dim, heads (max of q and k), element bytes, S bucket."""
+    return f"{mode}-D{D}-H{H}-b{elem_size}-{s_bucket(S)}"
+
+
+def device_file(device_name: str) -> Path:
+    return CONFIG_DIR / (device_name.replace(" ", "_").replace("/", "_") + ".json")
+
+
+@functools.lru_cache(maxsize=None)
+def tuned_table(device_name: str) -> dict:
+    path = device_file(device_name)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _block_h(H: int) -> int:
+    # Heads are looped over in chunks of BLOCK_H, so huge head counts keep tiles small.
+    return min(_next_pow2(H), 32)
+
+
+def default_config(S: int, H: int, D: int, n_sm: int = 132) -> dict:
+    """Heuristic: whole half rows per program, split across programs while there are
+    too few programs to fill the GPU, several tokens per program when S is large."""
+    half = D // 2
+    bh = _block_h(H)
+    bd = _next_pow2(half)
+    bs = 1
+    while bd > 16 and _cdiv(S, bs) * _cdiv(half, bd) < 4 * n_sm:
+        bd //= 2
+    while bs * bh * bd < 2048 and _cdiv(S, 2 * bs) * _cdiv(half, bd) >= 8 * n_sm:
+        bs *= 2
+    return {"BLOCK_S": bs, "BLOCK_D": bd, "num_warps": 4 if bs * bh * bd <= 2048 else 8}
+
+
+@functools.lru_cache(maxsize=None)
+def _device_props(device: torch.device):
+    if device.type != "cuda":
+        return "cpu", 1
+    props = torch.cuda.get_device_properties(device)
+    return props.name, props.multi_processor_count
+
+
+def config_for(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device: torch.device) -> dict:
+    """Full launch configuration (block sizes and warps) for one call."""
+    name, n_sm = _device_props(device)
+    H = max(HQ, HK)
+    cfg = tuned_table(name).get(bucket(mode, S, H, D, elem_size)) or default_config(S, H, D, n_sm)
+    return {**cfg, "BLOCK_HQ": _block_h(HQ), "BLOCK_HK": _block_h(HK)}

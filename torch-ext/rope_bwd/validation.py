@@ -1,0 +1,89 @@
+"""Argument checks shared by the public functions: clear errors, raised before any
+kernel runs or any output is written. Each message names the argument and what
+was expected."""
+
+import torch
+
+MAX_HEAD_DIM = 256
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _tensor(fn, name, t, ndim, layout):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{fn}: {name} must be a {ndim}-D tensor {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"{fn}: {name} must be float32, bfloat16 or float16, got {t.dtype}")
+    if t.dtype == torch.float64 and t.device.type != "cpu":
+        raise TypeError(f"{fn}: {name} is float64, which only the CPU path supports; use float32, bfloat16 or float16")
+
+
+def _same(fn, name, got, want, what):
+    if got != want:
+        raise ValueError(f"{fn}: {name} must have {what} {want}, got {got}")
+
+
+def check_inputs(fn, heads, tables, grads=()):
+    """heads: [(name, tensor)] for q and k ([S, H, D]); tables: [(name, tensor)] for
+    embeddings or (cos, sin) ([S, D]); grads: [(name, tensor, (of_name, of_tensor))]
+    for the upstream gradients, each shaped like the tensor it is the gradient of."""
+    (qn, q), (kn, k) = heads
+    for name, t in heads:
+        _tensor(fn, name, t, 3, "[S, H, D]")
+    for name, t, _ in grads:
+        _tensor(fn, name, t, 3, "[S, H, D]")
+    for name, t in tables:
+        _tensor(fn, name, t, 2, "[S, D]")
+    S, _, D = q.shape
+    if D % 2 or not 0 < D <= MAX_HEAD_DIM:
+        raise ValueError(f"{fn}: {qn} head_dim (last dimension) must be even and in 2..{MAX_HEAD_DIM}, got {D}")
+    _same(fn, kn, (k.shape[0], k.shape[2]), (S, D), "(S, D) equal to q's")
+    for name, g, (of_name, of) in grads:
+        _same(fn, name, tuple(g.shape), tuple(of.shape), f"the shape of {of_name}")
+        _same(fn, name, g.dtype, of.dtype, f"the dtype of {of_name}")
+    for name, t in tables:
+        _same(fn, name, tuple(t.shape), (S, D), "shape [S, D] =")
+    _same(fn, kn, k.dtype, q.dtype, f"the dtype of {qn}")
+    if len(tables) == 2:
+        _same(fn, tables[1][0], tables[1][1].dtype, tables[0][1].dtype, f"the dtype of {tables[0][0]}")
+    device = q.device
+    for name, t in [*heads, *tables, *((n, g) for n, g, _ in grads)]:
+        if t.device != device:
+            raise ValueError(f"{fn}: {name} is on {t.device}, but {qn} is on {device}; all tensors must be on one device")
+
+
+def _span(t):
+    """Byte range [lo, hi) that a tensor's elements occupy."""
+    if t.numel() == 0:
+        return (0, 0)
+    lo = t.data_ptr()
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return lo, lo + (extent + 1) * t.element_size()
+
+
+def _overlap(a, b):
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_out(fn, out, expected, inputs):
+    """out: the caller's output tensors; expected: [(name, shape, dtype, device)];
+    inputs: [(name, tensor)] that no output may overlap."""
+    if not isinstance(out, (tuple, list)) or len(out) != len(expected):
+        raise TypeError(f"{fn}: out must be a tuple of {len(expected)} tensors ({', '.join(e[0] for e in expected)})")
+    for t, (name, shape, dtype, device) in zip(out, expected):
+        where = f"out[{name}]"
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {where} must be a torch.Tensor, got {type(t).__name__}")
+        _same(fn, where, tuple(t.shape), tuple(shape), "shape")
+        if t.dtype != dtype:
+            raise TypeError(f"{fn}: {where} must have dtype {dtype}, got {t.dtype}")
+        _same(fn, where, t.device, device, "device")
+        for in_name, x in inputs:
+            if _overlap(t, x):
+                raise ValueError(f"{fn}: {where} overlaps the input {in_name}; outputs must not alias inputs")
+    for i, (a, ea) in enumerate(zip(out, expected)):
+        for b, eb in list(zip(out, expected))[i + 1:]:
+            if _overlap(a, b):
+                raise ValueError(f"{fn}: out[{ea[0]}] and out[{eb[0]}] overlap; each output needs its own memory")
