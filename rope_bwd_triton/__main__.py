@@ -7,11 +7,6 @@ import sys
 
 COMMANDS = {
     "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
-    "demo": "build, load through get_kernel, run and verify the 16 public workloads",
-    "bench": "benchmark against peers and the byte floor (GPU)",
-    "tune": "search launch configurations and write the package's tuned JSON (GPU)",
-    "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, bound (GPU)",
-    "publish": "upload the built variants to the Hub (or --dry-run, or --to-cache)",
 }
 
 

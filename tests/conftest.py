@@ -1,0 +1,44 @@
+"""Shared fixtures: the kernel is built into build/ once per session and loaded the
+way users load it, through kernels.get_kernel (LOCAL_KERNELS points at this checkout)."""
+
+import os
+import zlib
+
+import pytest
+import torch
+
+from rope_bwd_triton import REPO_ROOT
+from rope_bwd_triton.build import build_variants, repo_id
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+def pytest_report_header(config):
+    cpu_path = "Triton kernels in the interpreter" if INTERPRET else "PyTorch path"
+    return f"rope-bwd: CPU tensors run the {cpu_path}; CUDA {'available' if HAS_CUDA else 'not available'}"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def kernel():
+    import kernels
+
+    build_variants()
+    os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
+    return kernels.get_kernel(repo_id(), version=1)
+
+
+@pytest.fixture
+def gen(request):
+    """A generator seeded from the test's id: every test draws its own random data,
+    and a failure reproduces. ROPE_SEED=<int> changes every draw."""
+    seed = zlib.crc32(request.node.nodeid.encode()) ^ int(os.environ.get("ROPE_SEED", "0"))
+    return torch.Generator().manual_seed(seed)
