@@ -39,12 +39,13 @@ def check_inputs(fn, heads, tables, grads=()):
     if D % 2 or not 0 < D <= MAX_HEAD_DIM:
         raise ValueError(f"{fn}: {qn} head_dim (last dimension) must be even and in 2..{MAX_HEAD_DIM}, got {D}")
     _same(fn, kn, (k.shape[0], k.shape[2]), (S, D), "(S, D) equal to q's")
+    # k against q before the gradients against k: a wrong k is named as such.
+    _same(fn, kn, k.dtype, q.dtype, f"the dtype of {qn}")
     for name, g, (of_name, of) in grads:
         _same(fn, name, tuple(g.shape), tuple(of.shape), f"the shape of {of_name}")
         _same(fn, name, g.dtype, of.dtype, f"the dtype of {of_name}")
     for name, t in tables:
         _same(fn, name, tuple(t.shape), (S, D), "shape [S, D] =")
-    _same(fn, kn, k.dtype, q.dtype, f"the dtype of {qn}")
     if len(tables) == 2:
         _same(fn, tables[1][0], tables[1][1].dtype, tables[0][1].dtype, f"the dtype of {tables[0][0]}")
     device = q.device
@@ -55,16 +56,38 @@ def check_inputs(fn, heads, tables, grads=()):
 
 def _span(t):
     """Byte range [lo, hi) that a tensor's elements occupy."""
-    if t.numel() == 0:
-        return (0, 0)
     lo = t.data_ptr()
     extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
     return lo, lo + (extent + 1) * t.element_size()
 
 
+def _self_overlapping(shape, strides):
+    """True unless the layout provably gives every element its own address: taken in
+    order of stride, each dimension must step past all that the smaller ones reach.
+    Exact for permuted, sliced and expanded views; other layouts count as overlapping."""
+    if 0 in shape:
+        return False
+    reach = 0
+    for n, st in sorted(((n, abs(st)) for n, st in zip(shape, strides) if n > 1), key=lambda p: p[1]):
+        if st <= reach:
+            return True
+        reach += st * (n - 1)
+    return False
+
+
 def _overlap(a, b):
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or a.device.type == "meta":
+        return False  # meta tensors have no memory
     (a0, a1), (b0, b1) = _span(a), _span(b)
-    return a0 < b1 and b0 < a1
+    if not (a0 < b1 and b0 < a1):
+        return False
+    # Interleaved views of one buffer (grad_q and grad_k inside one qkv gradient) share a
+    # span but no element: same layout at a distance d, i.e. one tensor with a dimension
+    # of size 2 and stride d, which must not overlap itself.
+    if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+        return True
+    step, rem = divmod(abs(a0 - b0), a.element_size())
+    return rem != 0 or _self_overlapping((2, *a.shape), (step, *a.stride()))
 
 
 def check_out(fn, out, expected, inputs):
@@ -80,9 +103,18 @@ def check_out(fn, out, expected, inputs):
         if t.dtype != dtype:
             raise TypeError(f"{fn}: {where} must have dtype {dtype}, got {t.dtype}")
         _same(fn, where, t.device, device, "device")
+        if _self_overlapping(t.shape, t.stride()):
+            raise ValueError(
+                f"{fn}: {where} has elements that share memory (strides {t.stride()}, e.g. an expanded "
+                "tensor); each output element needs its own memory"
+            )
+    # Addresses do not exist while torch.compile traces (fake tensors); eager calls check them.
+    if torch.compiler.is_compiling():
+        return
+    for t, (name, *_) in zip(out, expected):
         for in_name, x in inputs:
             if _overlap(t, x):
-                raise ValueError(f"{fn}: {where} overlaps the input {in_name}; outputs must not alias inputs")
+                raise ValueError(f"{fn}: out[{name}] overlaps the input {in_name}; outputs must not alias inputs")
     for i, (a, ea) in enumerate(zip(out, expected)):
         for b, eb in list(zip(out, expected))[i + 1:]:
             if _overlap(a, b):
