@@ -1,0 +1,152 @@
+"""torch.library.opcheck of the three custom ops, and torch.compile(fullgraph=True)
+of modules that use the public functions: no graph break, same results as eager,
+and one compilation for every sequence length once S is marked dynamic."""
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from rope_bwd_triton import suite
+
+from conftest import DEVICES
+
+D = 8
+
+
+def rnd(gen, device, *shape, dtype=torch.float32, grad=False):
+    return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(grad)
+
+
+# ------------------------------------------------------------------- opcheck
+
+# (id, q heads, k heads, dtype of q/k, cos/sin table (else angles), the table needs a gradient)
+FWD_COMBOS = [
+    ("angles", 2, 2, torch.float32, False, False),
+    ("angles-grad", 2, 3, torch.float32, False, True),
+    ("cos_sin", 3, 1, torch.float32, True, False),
+    ("cos_sin-grad", 2, 2, torch.float32, True, True),
+    ("cos_sin-grad-bf16", 2, 4, torch.bfloat16, True, True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("combo", FWD_COMBOS, ids=[c[0] for c in FWD_COMBOS])
+def test_opcheck_rotary_fwd(kernel, gen, device, combo):
+    _, hq, hk, dtype, cos_sin, table_grad = combo
+    S = 5
+    q, k = rnd(gen, device, S, hq, D, dtype=dtype, grad=True), rnd(gen, device, S, hk, D, dtype=dtype, grad=True)
+    table = rnd(gen, device, S, D, grad=table_grad)
+    sin = rnd(gen, device, S, D, grad=table_grad) if cos_sin else None
+    torch.library.opcheck(kernel.ops.rotary_fwd, (q, k, table, sin))
+
+
+# (id, q heads, k heads, dtype, cos/sin table, q and k given (table gradient), need_q, need_k)
+BWD_COMBOS = [
+    ("angles-table_grad", 2, 2, torch.float32, False, True, True, True),
+    ("angles-q_only", 2, 3, torch.float32, False, False, True, False),
+    ("angles-table_grad-k_only", 3, 1, torch.float32, False, True, False, True),
+    ("cos_sin-table_grad", 2, 3, torch.float32, True, True, True, True),
+    ("cos_sin-k_only", 2, 2, torch.float32, True, False, False, True),
+    ("cos_sin-table_only-bf16", 4, 2, torch.bfloat16, True, True, False, False),
+    ("angles-bf16", 2, 2, torch.bfloat16, False, True, True, True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("combo", BWD_COMBOS, ids=[c[0] for c in BWD_COMBOS])
+def test_opcheck_rotary_bwd(kernel, gen, device, combo):
+    _, hq, hk, dtype, cos_sin, table_grad, need_q, need_k = combo
+    S = 5
+    gq, gk = rnd(gen, device, S, hq, D, dtype=dtype), rnd(gen, device, S, hk, D, dtype=dtype)
+    q = rnd(gen, device, S, hq, D, dtype=dtype) if table_grad else None
+    k = rnd(gen, device, S, hk, D, dtype=dtype) if table_grad else None
+    table = rnd(gen, device, S, D)
+    sin = rnd(gen, device, S, D) if cos_sin else None
+    torch.library.opcheck(kernel.ops.rotary_bwd, (gq, gk, q, k, table, sin, need_q, need_k))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hq,hk,dtype", [(2, 2, torch.float32), (1, 3, torch.float32), (2, 3, torch.bfloat16)])
+def test_opcheck_rope_bwd_out(kernel, gen, device, hq, hk, dtype):
+    S = 5
+    gq, q = (rnd(gen, device, S, hq, D, dtype=dtype) for _ in range(2))
+    gk, k = (rnd(gen, device, S, hk, D, dtype=dtype) for _ in range(2))
+    emb = rnd(gen, device, S, D)
+    out = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(emb))
+    torch.library.opcheck(kernel.ops.rope_bwd_out, (gq, gk, q, k, emb, *out))
+
+
+# ------------------------------------------------------------- torch.compile
+
+H = 2
+
+
+class VisionAttentionRope(torch.nn.Module):
+    """The real models' pattern: q and k are strided views of one qkv projection,
+    rotated by apply_rotary_pos_emb_vision, then used."""
+
+    def __init__(self, kernel, hidden):
+        super().__init__()
+        self.kernel = kernel
+        self.qkv = torch.nn.Linear(hidden, 3 * H * D)
+
+    def forward(self, x, cos, sin):
+        q, k, v = self.qkv(x).reshape(x.shape[0], 3, H, D).permute(1, 0, 2, 3).unbind(0)
+        q, k = self.kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
+        return (q * k).sum(-1, keepdim=True) * v
+
+
+def _run(module, x, cos, sin, w):
+    """Forward, backward with the upstream gradient w; output and every gradient."""
+    for t in (x, cos, sin, *module.parameters()):
+        t.grad = None
+    y = module(x, cos, sin)
+    y.backward(w)
+    grads = [x.grad, cos.grad, sin.grad, *(p.grad for p in module.parameters())]
+    return [y.detach(), *(g for g in grads if g is not None)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("table_grad", [False, True], ids=["cos_sin_buffers", "cos_sin_grad"])
+def test_compile_dynamic_seq_len(kernel, gen, device, table_grad):
+    torch.compiler.reset()
+    hidden = 16
+    module = VisionAttentionRope(kernel, hidden).to(device)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(module, backend=counter, fullgraph=True)
+    for i, S in enumerate((7, 12)):
+        x = rnd(gen, device, S, hidden, grad=True)
+        cos, sin = rnd(gen, device, S, D, grad=table_grad), rnd(gen, device, S, D, grad=table_grad)
+        w = rnd(gen, device, S, H, D)
+        for t in (x, cos, sin):
+            torch._dynamo.mark_dynamic(t, 0)
+        eager = _run(module, x, cos, sin, w)
+        # The second length must reuse the first compilation.
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            got = _run(compiled, x, cos, sin, w)
+        assert len(got) == len(eager) == (6 if table_grad else 4)
+        for g, e in zip(got, eager):
+            # Same ops in the same precision; only the fusion of the elementwise tail may differ.
+            assert suite.rel_err(g, e) <= 1e-6
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_rope_bwd_and_rope_fwd(kernel, gen, device):
+    """The destination-passing and allocating backward and the forward compile
+    without a graph break and write what eager writes."""
+    torch.compiler.reset()
+    S, hq, hk = 6, 2, 3
+
+    def step(gq, gk, q, k, emb, out):
+        kernel.rope_bwd(gq, gk, q, k, emb, out=out)
+        return kernel.rope_bwd(gq, gk, q, k, emb), kernel.rope_fwd(q, k, emb)
+
+    args = [rnd(gen, device, S, h, D) for h in (hq, hk, hq, hk)] + [rnd(gen, device, S, D)]
+    out = tuple(torch.full_like(t, float("nan")) for t in args[2:])
+    got_alloc, got_fwd = torch.compile(step, fullgraph=True, backend="inductor")(*args, out)
+    ref = suite.reference_backward(*args)
+    for o, a, r in zip(out, got_alloc, ref):
+        assert suite.rel_err(o, r) <= 2e-6 and suite.rel_err(a, r) <= 2e-6
+    for g, r in zip(got_fwd, suite.reference_forward(*(t.double().cpu() for t in args[2:]))):
+        assert suite.rel_err(g, r) <= 2e-6
