@@ -192,6 +192,14 @@ def test_bad_input_with_out_is_checked_first(kernel, tripwire, gen, device):
     expect_error(kernel, "rope_bwd", args, ValueError, r"k must have the dtype of q", out=out)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn", FUNCS)
+def test_float64_only_on_the_cpu_path(kernel, tripwire, gen, fn):
+    """float64 is the CPU path's; the Triton kernel computes in fp32, so CUDA refuses it."""
+    args = make_args(fn, gen, "cuda", dtype=torch.float64)
+    expect_error(kernel, fn, args, TypeError, rf"^{fn}: q is float64, which only the CPU path supports")
+
+
 # ----------------------------------------------------------------- out= cases
 
 OUT_NAMES = ("grad_q", "grad_k", "grad_embeddings")
