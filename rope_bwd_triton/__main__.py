@@ -7,6 +7,8 @@ import sys
 
 COMMANDS = {
     "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
+    "bench": "time ours and the peers against the byte floor (cold L2); JSON, markdown, plot",
+    "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
     "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary",
     "publish": "upload build/ and the card to branch v<version> of the Hub repo (or --dry-run, --to-cache)",
 }

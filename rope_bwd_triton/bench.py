@@ -1,0 +1,549 @@
+"""`python -m rope_bwd_triton bench`: ours against the byte floor and the peers (DESIGN.md section 6).
+
+Measures, in one process: the device-to-device copy bandwidth; then for every
+workload the byte floor of each task and the cold-L2 GPU time per call (mean of
+--calls calls) of our variants and of the peers, each verified against the
+float64 reference before it is timed. Writes JSON (everything measured), a
+markdown summary (suite mean over the 16 public workloads, per-workload tables,
+verification) and a PNG plot (time and achieved bandwidth against S, with the
+floor), and prints the tables.
+
+Tasks (byte floors from suite.floor_bytes; bf16 tasks count 2 bytes per q/k and
+gradient element, the tables stay fp32 and count 4):
+    bwd       full backward, fp32: SOL-ExecBench 019
+    bwd_qk    q/k-only backward, fp32: cos/sin need no gradient (the real models)
+    bwd_bf16  full backward, bf16 gradients/q/k, fp32 embeddings
+    fwd, fwd_bf16   the fused forward
+
+On a machine without CUDA it runs on the CPU to exercise the code path only
+(`--quick`): no cold L2, no events, Liger skipped; the numbers mean nothing.
+"""
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import REPO_ROOT
+
+TASKS = {  # name: (description, suite.floor_bytes mode, dtype name)
+    "bwd": ("full backward, fp32", "bwd", "float32"),
+    "bwd_qk": ("q/k-only backward, fp32", "bwd_qk", "float32"),
+    "bwd_bf16": ("full backward, bf16 (fp32 table)", "bwd", "bfloat16"),
+    "fwd": ("forward, fp32", "fwd", "float32"),
+    "fwd_bf16": ("forward, bf16 (fp32 table)", "fwd", "bfloat16"),
+}
+# Relative error (||out - ref|| / ||ref||) a correct result stays under; DESIGN.md section 1.
+TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2}
+SCALING = [(S, 16, 128) for S in (16384, 65536)] + [(S, 16, D) for D in (72, 80) for S in (4096, 16384)]
+QUICK = {"seq_lens": (8, 33), "heads": 2, "head_dim": 16, "calls": 3, "copy_mib": 16}
+
+
+@dataclass
+class Impl:
+    name: str
+    label: str
+    task: str
+    peer: str | None  # which --peers entry enables it; None for ours
+    make: object  # (kernel, inputs of the task) -> Call
+
+
+# ------------------------------------------------------------------ inputs
+
+class Data:
+    """One workload's inputs on the device, in fp32 and bf16 (tables stay fp32)."""
+
+    def __init__(self, S, H, D, device, seed):
+        import torch
+
+        from . import suite
+
+        gen = torch.Generator().manual_seed(seed)
+        x = suite.make_inputs(S, H, D, generator=gen, device=device)
+        self.S, self.H, self.D = S, H, D
+        big = [x[n] for n in ("grad_q_embed", "grad_k_embed", "q", "k")]
+        self.big = {"float32": big, "bfloat16": [t.to(torch.bfloat16) for t in big]}
+        self.embeddings = x["embeddings"]
+        # The q/k-only mode uses the real models' table cat(freqs, freqs), which Liger assumes.
+        e = self.embeddings[:, : D // 2]
+        self.emb_dup = torch.cat((e, e), dim=1)
+        self.cos, self.sin = self.emb_dup.cos(), self.emb_dup.sin()
+
+    def inputs(self, mode, dtype):
+        """fwd: q, k, embeddings; bwd: gq, gk, q, k, embeddings; bwd_qk: gq, gk, cos, sin."""
+        gq, gk, q, k = self.big[dtype]
+        if mode == "fwd":
+            return [q, k, self.embeddings]
+        if mode == "bwd":
+            return [gq, gk, q, k, self.embeddings]
+        return [gq, gk, self.cos, self.sin]
+
+    def reference(self, mode, dtype, rows):
+        """float64 reference outputs on the given token rows (tokens are independent)."""
+        from . import suite
+
+        gq, gk, q, k = (t[rows.to(t.device)] for t in self.big[dtype])
+        pick = rows.to(self.embeddings.device)
+        if mode == "fwd":
+            return suite.reference_forward(*(t.cpu().double() for t in (q, k, self.embeddings[pick])))
+        if mode == "bwd":
+            return suite.reference_backward(gq, gk, q, k, self.embeddings[pick])
+        return suite.reference_backward(gq, gk, q, k, self.emb_dup[pick])[:2]
+
+
+class Call:
+    """fn(*args) as a zero-argument call that keeps its latest outputs (for verification)."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args, self.last = fn, args, ()
+
+    def __call__(self):
+        self.last = tuple(self.fn(*self.args))
+
+
+# ------------------------------------------------------------ implementations
+# make(kernel, x) -> Call, x = Data.inputs(mode, dtype) of the implementation's task.
+
+def _ours_bwd(kernel, x):
+    import torch
+
+    out = (torch.empty_like(x[0]), torch.empty_like(x[1]), torch.empty_like(x[4]))
+    return Call(lambda *a: kernel.rope_bwd(*a, out=out), *x)  # destination passing: nothing allocated
+
+
+def _ours_bwd_qk(kernel, x):
+    # The op the autograd backward calls when cos/sin need no gradient; it allocates dq, dk.
+    return Call(lambda gq, gk, cos, sin: kernel.ops.rotary_bwd(gq, gk, None, None, cos, sin, True, True)[:2], *x)
+
+
+def _ours_fwd(kernel, x):
+    return Call(kernel.rope_fwd, *x)
+
+
+def _peer(fn_name, compile_):
+    def make(kernel, x):
+        from . import peers
+
+        fn = getattr(peers, fn_name)
+        return Call(_compiled(fn) if compile_ else fn, *x)
+    return make
+
+
+_COMPILED = {}
+
+
+def _compiled(fn):
+    """One torch.compile object per function for the whole run: it recompiles once per shape."""
+    from . import peers
+
+    if fn not in _COMPILED:
+        _COMPILED[fn] = peers.compiled(fn)
+    return _COMPILED[fn]
+
+
+def _liger(kernel, x):
+    from . import peers
+
+    # In place on private copies: the first call (verified) sees fresh gradients; the timed
+    # calls keep rotating the same buffers, which moves the same bytes and keeps values bounded.
+    return Call(peers.liger_rope_backward(), x[0].clone(), x[1].clone(), x[2], x[3])
+
+
+IMPLS = [
+    Impl("ours_bwd", "ours: rope_bwd(out=)", "bwd", None, _ours_bwd),
+    Impl("eager_bwd", "eager PyTorch reference", "bwd", "eager", _peer("eager_backward", False)),
+    Impl("compiled_bwd", "torch.compile(reference)", "bwd", "compile", _peer("eager_backward", True)),
+    Impl("ours_bwd_qk", "ours: ops.rotary_bwd (q/k only)", "bwd_qk", None, _ours_bwd_qk),
+    Impl("compiled_bwd_qk", "torch.compile(q/k-only reference)", "bwd_qk", "compile",
+         _peer("eager_backward_qk", True)),
+    Impl("liger_bwd_qk", "Liger-Kernel rope_backward (in place)", "bwd_qk", "liger", _liger),
+    Impl("ours_bwd_bf16", "ours: rope_bwd(out=), bf16", "bwd_bf16", None, _ours_bwd),
+    Impl("ours_fwd", "ours: rope_fwd", "fwd", None, _ours_fwd),
+    Impl("ours_fwd_bf16", "ours: rope_fwd, bf16", "fwd_bf16", None, _ours_fwd),
+]
+PEERS = ("eager", "compile", "liger")
+
+
+def _skip_reason(impl, device):
+    if impl.peer != "liger":
+        return None
+    if device.type != "cuda":
+        return "Liger-Kernel's Triton kernel needs a CUDA GPU"
+    from . import peers
+
+    return None if peers.liger_rope_backward() else "liger-kernel is not installed"
+
+
+# ------------------------------------------------------------------ measuring
+
+def _verify(outputs, refs, dtype_name, rows):
+    from . import suite
+
+    errs = [suite.rel_err(o[rows.to(o.device)], r) for o, r in zip(outputs, refs)]
+    passes = [suite.sol_pass_fraction(o[rows.to(o.device)], r) for o, r in zip(outputs, refs)]
+    worst = max(errs)
+    return {"rel_err": errs, "max_rel_err": worst, "sol_pass_fraction": min(passes),
+            "tolerance": TOLERANCE[dtype_name], "ok": worst <= TOLERANCE[dtype_name], "rows": len(rows)}
+
+
+def _rows(S, n, seed):
+    """Token rows to verify: all of them, or n spread at random including the first and last."""
+    import torch
+
+    if S <= n:
+        return torch.arange(S)
+    pick = torch.randperm(S - 2, generator=torch.Generator().manual_seed(seed))[: n - 2] + 1
+    return torch.cat((torch.tensor([0, S - 1]), pick)).sort().values
+
+
+def _measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, bar):
+    import torch
+
+    from . import suite
+
+    seed = args.seed * 1_000_003 + S * 1009 + H * 31 + D
+    data = Data(S, H, D, timer.device, seed)
+    rows = _rows(S, args.verify_tokens, seed)
+    floors = {}
+    for task, (_, mode, dtype_name) in TASKS.items():
+        nbytes = suite.floor_bytes(S, H, D, elem=getattr(torch, dtype_name).itemsize, table_elem=4, mode=mode)
+        floors[task] = {"bytes": nbytes, "us": nbytes / (bandwidth * 1e3)}
+    refs = {}
+    results = {}
+    for impl in impls:
+        bar.set_postfix_str(f"S={S} H={H} D={D} {impl.name}")
+        reason = _skip_reason(impl, timer.device)
+        if reason:
+            results[impl.name] = {"label": impl.label, "task": impl.task, "skipped": reason}
+            bar.update()
+            continue
+        _, mode, dtype = TASKS[impl.task]
+        try:
+            call = impl.make(kernel, data.inputs(mode, dtype))
+            call()
+            if impl.task not in refs:
+                refs[impl.task] = data.reference(mode, dtype, rows)
+            check = _verify(call.last, refs[impl.task], dtype, rows)
+            stats = timer(call)
+        except Exception as exc:  # one failing peer must not cost the whole (GPU-time limited) run
+            results[impl.name] = {"label": impl.label, "task": impl.task, "error": f"{type(exc).__name__}: {exc}"}
+            bar.write(f"  {impl.name} S={S} H={H} D={D}: {results[impl.name]['error']}")
+            bar.update()
+            continue
+        floor = floors[impl.task]
+        results[impl.name] = {
+            "label": impl.label, "task": impl.task, "time": stats.as_dict(),
+            "x_floor": stats.mean_us / floor["us"], "GBps": floor["bytes"] / (stats.mean_us * 1e3),
+            "verify": check,
+        }
+        if not check["ok"]:
+            bar.write(f"  {impl.name} S={S} H={H} D={D}: verification FAILED (rel err {check['max_rel_err']:.2e})")
+        del call
+        bar.update()
+    del data
+    if timer.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"set": set_name, "S": S, "H": H, "D": D, "floors": floors, "results": results}
+
+
+def _workloads(args):
+    from . import suite
+
+    if args.quick or args.seq_lens:
+        q = QUICK if args.quick else {}
+        seq_lens = args.seq_lens or q["seq_lens"]
+        H, D = args.heads or q.get("heads", suite.HEADS), args.head_dim or q.get("head_dim", suite.HEAD_DIM)
+        return [("custom", S, H, D) for S in seq_lens]
+    out = []
+    if args.set in ("suite", "all"):
+        out += [("suite", S, suite.HEADS, suite.HEAD_DIM) for S in suite.SEQ_LENS]
+    if args.set in ("scaling", "all"):
+        out += [("scaling", *w) for w in SCALING]
+    return out
+
+
+def _versions():
+    import importlib.metadata
+
+    import torch
+    import triton
+
+    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+             "triton": triton.__version__}
+    for dist in ("kernels", "liger-kernel"):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
+
+
+def measure(args) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from .load import load_kernel
+    from .timing import ColdL2Timer, copy_bandwidth
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    kernel = load_kernel()
+    timer = ColdL2Timer(device, calls=args.calls)
+    copy = copy_bandwidth(timer, args.copy_mib << 20)
+    peers = set(args.peers)
+    impls = [i for i in IMPLS if i.peer is None or i.peer in peers]
+    workloads = _workloads(args)
+    meta = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
+        "device": str(device), "kernel_variant": kernel.__name__, "versions": _versions(),
+        "calls": args.calls, "timer": timer.method,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
+    else:
+        meta.update(gpu=None, note="CPU run: code-path check only, the timings mean nothing")
+    measured = []
+    with tqdm(total=len(workloads) * len(impls), desc="bench", unit="run", file=sys.stderr) as bar:
+        for set_name, S, H, D in workloads:
+            measured.append(_measure_workload(kernel, impls, timer, copy["GBps"], set_name, S, H, D, args, bar))
+    run = {"meta": meta, "copy": copy, "impls": {i.name: {"label": i.label, "task": i.task} for i in impls},
+           "workloads": measured}
+    run["summary"] = summarize(run)
+    return run
+
+
+# ------------------------------------------------------------------ reporting
+
+def summarize(run) -> dict:
+    """Mean over the 16 public workloads (or over a custom set) per implementation;
+    x floor = mean time / mean floor, as ANCHORS.md states it."""
+    from . import suite
+
+    suite_ws = [w for w in run["workloads"] if w["set"] == "suite"]
+    complete = sorted(w["S"] for w in suite_ws) == sorted(suite.SEQ_LENS)
+    group = suite_ws if suite_ws else [w for w in run["workloads"] if w["set"] == "custom"]
+    if not group:
+        return {}
+    out = {"over": "the 16 public workloads" if complete else f"{len(group)} measured workloads (not the full suite)",
+           "impls": {}}
+    for name, info in run["impls"].items():
+        times = [w["results"][name]["time"]["mean_us"] for w in group if "time" in w["results"].get(name, {})]
+        if len(times) != len(group):
+            continue
+        floor = statistics.fmean(w["floors"][info["task"]]["us"] for w in group)
+        mean = statistics.fmean(times)
+        out["impls"][name] = {"mean_us": mean, "floor_us": floor, "x_floor": mean / floor}
+    return out
+
+
+def _cell(result):
+    if "time" not in result:
+        return "—"
+    return f"{result['time']['mean_us']:.1f} ({result['x_floor']:.2f}x)"
+
+
+def _table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _run_markdown(run) -> str:
+    meta, copy, impls = run["meta"], run["copy"], run["impls"]
+    v = meta["versions"]
+    if meta["gpu"]:
+        where = f"{meta['gpu']} ({meta['sm_count']} SMs, {meta['l2_bytes'] / 2**20:.0f} MiB L2)"
+    else:
+        where = f"{meta['device']} — {meta['note']}"
+    lines = [
+        f"Device: {where}  ",
+        f"Versions: torch {v['torch']} (CUDA {v['cuda']}), triton {v['triton']}, kernels {v['kernels']}, "
+        f"liger-kernel {v['liger-kernel'] or 'not installed'}, Python {v['python']}  ",
+        f"Date: {meta['date']}; kernel variant `{meta['kernel_variant']}`  ",
+        f"Command: `{meta['command']}`  ",
+        f"Timer: {meta['timer']}; mean of {meta['calls']} calls per workload.  ",
+        f"Copy bandwidth (device-to-device copy, read + write): {copy['GBps'] / 1e3:.2f} TB/s "
+        f"({copy['bytes'] >> 20} MiB buffer).",
+        "",
+    ]
+    summary = run["summary"]
+    if summary.get("impls"):
+        lines += [f"### Mean over {summary['over']}", ""]
+        rows = []
+        for name, s in summary["impls"].items():
+            task = impls[name]["task"]
+            ours = summary["impls"].get("ours_" + task)
+            vs = f"{s['mean_us'] / ours['mean_us']:.2f}" if ours and not name.startswith("ours") else ""
+            rows.append([impls[name]["label"], TASKS[task][0], f"{s['mean_us']:.1f}", f"{s['floor_us']:.1f}",
+                         f"{s['x_floor']:.2f}", vs])
+        lines += [_table(["implementation", "task", "mean us", "floor us", "x floor", "time / ours"], rows), ""]
+
+    groups = [
+        ("Backward, fp32: us per call (x floor)", ["bwd", "bwd_qk"]),
+        ("Ours, bf16 backward and forward: us per call (x floor)", ["bwd_bf16", "fwd", "fwd_bf16"]),
+    ]
+    for title, tasks in groups:
+        names = [n for n in impls if impls[n]["task"] in tasks]
+        if not names:
+            continue
+        header = ["set", "S", "H", "D"]
+        for task in tasks:
+            header += [f"floor {task}"] + [impls[n]["label"] for n in names if impls[n]["task"] == task]
+        rows = []
+        for w in run["workloads"]:
+            row = [w["set"], w["S"], w["H"], w["D"]]
+            for task in tasks:
+                row += [f"{w['floors'][task]['us']:.1f}"]
+                row += [_cell(w["results"][n]) for n in names if impls[n]["task"] == task]
+            rows.append(row)
+        lines += [f"### {title}", "", _table(header, rows), ""]
+
+    rows, notes = [], set()
+    for name, info in impls.items():
+        checks = [w["results"][name]["verify"] for w in run["workloads"] if "verify" in w["results"][name]]
+        for w in run["workloads"]:
+            r = w["results"][name]
+            if "skipped" in r or "error" in r:
+                notes.add(f"{info['label']}: {r.get('skipped') or r.get('error')}")
+        if checks:
+            rows.append([info["label"], f"{max(c['max_rel_err'] for c in checks):.2e}",
+                         f"{min(c['sol_pass_fraction'] for c in checks):.4f}",
+                         "yes" if all(c["ok"] for c in checks) else "**NO**", len(checks)])
+    lines += ["### Verification against the float64 reference (before timing)", "",
+              _table(["implementation", "worst rel err", "min SOL pass fraction", "all within tolerance",
+                      "workloads"], rows), ""]
+    if notes:
+        lines += ["Not measured:", ""] + [f"- {n}" for n in sorted(notes)] + [""]
+    return "\n".join(lines)
+
+
+METHOD = """\
+Method (DESIGN.md section 6): GPU time of one call on a cold L2 (a buffer of 2x the
+L2 size is zeroed before each call), CUDA events around the call with the GPU kept
+busy by `torch.cuda._sleep` while the host enqueues, mean over the calls of a
+workload; each implementation is verified against a float64 evaluation of the math
+(all token rows, or a random sample of `--verify-tokens` rows for large S) before
+it is timed. Byte floor = bytes that must move (suite.floor_bytes) / copy bandwidth
+measured in the same run; bf16 tasks count 2 bytes per q/k/gradient element, the
+fp32 tables 4. Full backward: `rope_bwd(..., out=preallocated)` (destination
+passing, nothing allocated in the timed call); q/k-only: `ops.rotary_bwd` (the op
+autograd calls when cos/sin need no gradient; it allocates its outputs), with the
+real models' table cat(freqs, freqs); forward: `rope_fwd` (allocates). The eager
+and compiled peers allocate their outputs; torch.compile compiles once per shape
+(dynamic=False, recompile limit raised); Liger rotates in place on the same
+buffers at every call (the bytes moved do not depend on the values, and a
+rotation keeps them bounded)."""
+
+
+def render_markdown(runs, plot_path=None, md_path=None) -> str:
+    parts = ["# rope-bwd benchmark results", "", METHOD, ""]
+    if plot_path and md_path:
+        rel = os.path.relpath(Path(plot_path).resolve(), Path(md_path).resolve().parent)
+        parts += [f"![time and achieved bandwidth against S]({Path(rel).as_posix()})", ""]
+    for i, run in enumerate(runs):
+        title = "Run" if len(runs) == 1 else f"Run {i + 1}"
+        parts += [f"## {title}: {', '.join(sorted({w['set'] for w in run['workloads']}))} workloads", "",
+                  _run_markdown(run)]
+    return "\n".join(parts)
+
+
+def render_plot(runs, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # The (H, D) with the most workloads: an S axis needs one head shape.
+    shapes = [(w["H"], w["D"]) for run in runs for w in run["workloads"]]
+    H, D = max(set(shapes), key=shapes.count)
+    ws = sorted(((w, run) for run in runs for w in run["workloads"] if (w["H"], w["D"]) == (H, D)),
+                key=lambda p: p[0]["S"])
+    impls = {n: i for run in runs for n, i in run["impls"].items()}
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(14, 5.5))
+    for task, style in (("bwd", "k--"), ("bwd_qk", "k:")):
+        ax_t.plot([w["S"] for w, _ in ws], [w["floors"][task]["us"] for w, _ in ws], style,
+                  label=f"floor: {TASKS[task][0]}")
+    for name, info in impls.items():
+        pts = [(w["S"], w["results"][name]) for w, _ in ws if "time" in w["results"].get(name, {})]
+        if not pts:
+            continue
+        style = "-o" if name.startswith("ours") else "--s"
+        label = f"{info['label']} [{info['task']}]"
+        ax_t.plot([s for s, _ in pts], [r["time"]["mean_us"] for _, r in pts], style, ms=3, label=label)
+        ax_b.plot([s for s, _ in pts], [r["GBps"] for _, r in pts], style, ms=3, label=label)
+    for run in runs:
+        ax_b.axhline(run["copy"]["GBps"], color="k", ls="--", lw=1)
+    ax_b.plot([], [], "k--", lw=1, label="copy bandwidth (the floor)")
+    gpu = runs[0]["meta"]["gpu"] or "CPU (timings meaningless)"
+    ax_t.set(xscale="log", yscale="log", xlabel="S (tokens)", ylabel="us per call (cold L2)",
+             title=f"time, H={H} D={D}, {gpu}")
+    ax_b.set(xscale="log", xlabel="S (tokens)", ylabel="GB/s (floor bytes / time)",
+             title="achieved bandwidth")
+    ax_t.grid(True, which="both", alpha=0.3)
+    ax_b.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=7)
+    ax_b.legend(fontsize=7)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ command
+
+def add_arguments(parser):
+    out = REPO_ROOT / "results"
+    parser.add_argument("--set", choices=("suite", "scaling", "all"), default="all",
+                        help="suite: the 16 public workloads; scaling: S 16384/65536 and head_dim 72/80 (default: all)")
+    parser.add_argument("--seq-lens", type=int, nargs="+", help="custom workloads instead of --set")
+    parser.add_argument("--heads", type=int, help="heads of the custom workloads (default 16)")
+    parser.add_argument("--head-dim", type=int, help="head_dim of the custom workloads (default 128)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"tiny CPU-friendly run that exercises the code path ({QUICK})")
+    parser.add_argument("--calls", type=int, default=None, help="timed calls per workload (default 40)")
+    parser.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p], default=list(PEERS),
+                        help=f"comma-separated subset of {','.join(PEERS)} (default: all)")
+    parser.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024)")
+    parser.add_argument("--verify-tokens", type=int, default=4096, help="token rows verified per workload")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", help="default: cuda if available, else cpu")
+    parser.add_argument("--json", type=Path, default=out / "bench.json")
+    parser.add_argument("--markdown", type=Path, default=out / "bench.md")
+    parser.add_argument("--plot", type=Path, default=out / "bench.png")
+    parser.add_argument("--from-json", type=Path, nargs="+",
+                        help="measure nothing: render the markdown and plot from saved JSON runs")
+
+
+def main(args) -> int:
+    unknown = set(args.peers) - set(PEERS)
+    if unknown:
+        raise SystemExit(f"bench: unknown peers {sorted(unknown)}; choose from {PEERS}")
+    if args.from_json:
+        runs = [json.loads(p.read_text()) for p in args.from_json]
+    else:
+        args.calls = args.calls or (QUICK["calls"] if args.quick else 40)
+        args.copy_mib = args.copy_mib or (QUICK["copy_mib"] if args.quick else 1024)
+        if args.calls < 30 and not args.quick:
+            print(f"bench: {args.calls} calls per workload; DESIGN.md section 6 asks for >= 30", file=sys.stderr)
+        runs = [measure(args)]
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(runs[0], indent=1) + "\n")
+        print(f"wrote {args.json}")
+    render_plot(runs, args.plot)
+    text = render_markdown(runs, args.plot, args.markdown)
+    args.markdown.parent.mkdir(parents=True, exist_ok=True)
+    args.markdown.write_text(text)
+    print(text)
+    print(f"wrote {args.markdown} and {args.plot}")
+    failed = [f"{n} S={w['S']} H={w['H']} D={w['D']}" for run in runs for w in run["workloads"]
+              for n, r in w["results"].items()
+              if n.startswith("ours") and ("error" in r or not r.get("verify", {}).get("ok", True))]
+    if failed:
+        print("ours failed on: " + "; ".join(failed), file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,21 @@
+"""Load the package the way users do: build the Hub variants into build/, point
+LOCAL_KERNELS at this checkout and call kernels.get_kernel (as tests/conftest.py does)."""
+
+import importlib
+import os
+
+from . import REPO_ROOT
+from .build import build_variants, repo_id
+
+
+def load_kernel():
+    import kernels
+
+    build_variants()
+    os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
+    return kernels.get_kernel(repo_id(), version=1)
+
+
+def submodule(kernel, name: str):
+    """A module of the loaded variant that its __init__ does not import (e.g. rotary_triton)."""
+    return importlib.import_module(f"{kernel.__name__}.{name}")

@@ -1,0 +1,233 @@
+"""`python -m rope_bwd_triton tune`: search launch configurations on this GPU and
+write torch-ext/rope_bwd/configs/<GPU name>.json (merged with what is there), which
+the package reads at run time (tuning.config_for): no autotuning at a user's call.
+
+For each bucket (mode x dtype x head_dim x S bucket, heads fixed) the search
+starts at the package's current configuration (the shipped tuned one, else
+default_config) and improves one parameter at a time
+(BLOCK_D, then BLOCK_S, then num_warps; at most two rounds), timing each
+candidate with the cold-L2 timer of the benchmark on representative S values of
+the bucket. The score of a candidate is its mean time relative to the starting
+configuration's, averaged over those S. A candidate is first checked against
+the float64 reference on the smallest S, and rejected if it is wrong. Buckets
+run in priority order (the suite's shape first, then the real models' bf16
+shapes) until --budget seconds have passed; the file is rewritten after each
+bucket, so an interrupted run keeps what it finished.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import REPO_ROOT
+
+MODES = ("bwd", "bwd_qk", "fwd")
+DTYPES = ("float32", "bfloat16")
+HEAD_DIMS = (128, 72, 80)
+S_REPS = {"S256": (131, 256), "S1024": (613, 1024), "S4096": (2213, 4096), "S16384": (16384,), "Sbig": (65536,)}
+BLOCK_S = (1, 2, 4, 8)
+NUM_WARPS = (1, 2, 4, 8)
+MAX_TILE = 16384  # elements of a BLOCK_S x BLOCK_R x BLOCK_D tile; more only spills registers
+SEARCHED = ("BLOCK_S", "BLOCK_D", "num_warps")  # what a tuned entry holds; the rest is the package's rule
+VERIFY_ROWS = 256
+
+
+def priority(dtype, D):
+    """The suite's fp32 head_dim 128 first, then the real models' bf16 72/80, then the rest."""
+    if D == 128 and dtype == "float32":
+        return 0
+    if D != 128 and dtype == "bfloat16":
+        return 1
+    return 2
+
+
+def block_d_values(D):
+    top, bd, out = 1 << max(0, (D // 2 - 1).bit_length()), 8, []
+    while bd <= top:
+        out.append(bd)
+        bd *= 2
+    return out
+
+
+def candidate_ok(cfg, block_r):
+    return cfg["BLOCK_S"] * block_r * cfg["BLOCK_D"] <= MAX_TILE
+
+
+def _key(cfg):
+    return tuple(cfg[k] for k in SEARCHED)
+
+
+def merge_write(path: Path, tuned: dict) -> dict:
+    """Write tuned buckets into the JSON file at path, keeping the buckets it already has."""
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table.update(tuned)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
+    return table
+
+
+class Bucket:
+    """One bucket's tensors (per representative S) and timing of candidate configs."""
+
+    def __init__(self, kernel, timer, mode, dtype, seq_lens, data_for):
+        from .load import submodule
+
+        self.timer, self.mode, self.dtype = timer, mode, dtype
+        self.launch = submodule(kernel, "rotary_triton").launch
+        self.cases = []
+        for i, S in enumerate(seq_lens):
+            data = data_for(S)
+            x = data.inputs(mode, dtype)
+            self.cases.append((x, self._outputs(x)))
+            if i == 0:  # candidates are checked on the first (smallest) S
+                import torch
+
+                self.rows = torch.arange(min(S, VERIFY_ROWS))
+                self.refs = data.reference(mode, dtype, self.rows)
+
+    def _outputs(self, x):
+        import torch
+
+        if self.mode == "bwd":
+            return (torch.empty_like(x[0]), torch.empty_like(x[1]), torch.empty_like(x[4]))
+        return (torch.empty_like(x[0]), torch.empty_like(x[1]))
+
+    def _run(self, x, out, cfg):
+        if self.mode == "fwd":
+            q, k, emb = x
+            self.launch(q, k, *out, None, None, emb, None, None, None, adjoint=False, config=cfg)
+        elif self.mode == "bwd":
+            gq, gk, q, k, emb = x
+            self.launch(gq, gk, out[0], out[1], q, k, emb, None, out[2], None, adjoint=True, config=cfg)
+        else:
+            gq, gk, cos, sin = x
+            self.launch(gq, gk, *out, None, None, cos, sin, None, None, adjoint=True, config=cfg)
+
+    def correct(self, cfg) -> bool:
+        from .bench import TOLERANCE
+        from . import suite
+
+        x, out = self.cases[0]
+        for o in out:  # a candidate that skips elements must not pass on an earlier one's results
+            o.fill_(float("nan"))
+        self._run(x, out, cfg)
+        return all(suite.rel_err(o[self.rows.to(o.device)], r) <= TOLERANCE[self.dtype]
+                   for o, r in zip(out, self.refs))
+
+    def times(self, cfg) -> list:
+        return [self.timer(lambda: self._run(x, out, cfg)).mean_us for x, out in self.cases]
+
+
+def tune_bucket(bucket, current, D, log):
+    """Coordinate search from the package's current config (tuned or default) for the bucket.
+    Returns (best {BLOCK_S, BLOCK_D, num_warps}, its time relative to current, current's times)."""
+    start = {k: current[k] for k in SEARCHED}
+    base_times = bucket.times(current)
+    scores = {}
+
+    def score(cfg):
+        if _key(cfg) not in scores:
+            full = {**current, **cfg}
+            if not candidate_ok(cfg, current["BLOCK_R"]) or not bucket.correct(full):
+                scores[_key(cfg)] = float("inf")
+            else:
+                t = bucket.times(full)
+                scores[_key(cfg)] = sum(a / b for a, b in zip(t, base_times)) / len(t)
+            log.append({**cfg, "score": scores[_key(cfg)] if scores[_key(cfg)] < float("inf") else None})
+        return scores[_key(cfg)]
+
+    best = dict(start)
+    score(best)
+    for _ in range(2):
+        before = dict(best)
+        for param, values in (("BLOCK_D", block_d_values(D)), ("BLOCK_S", BLOCK_S), ("num_warps", NUM_WARPS)):
+            # the current value stays a candidate even when the grid lacks it (a default's BLOCK_S=16)
+            best = min(({**best, param: v} for v in sorted({*values, best[param]})), key=score)
+        if best == before:
+            break
+    return best, scores[_key(best)], base_times
+
+
+def run(args) -> dict:
+    import torch
+
+    from .bench import Data
+    from .load import load_kernel
+    from .timing import ColdL2Timer
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    kernel = load_kernel()
+    tuning = kernel.tuning
+    name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
+    out = args.out or REPO_ROOT / "torch-ext" / "rope_bwd" / "configs" / tuning.device_file(name).name
+    timer = ColdL2Timer(device, calls=args.calls, warmup=2)
+    H = args.heads
+    inputs = {}  # (S, D) -> Data, shared by all buckets: drawing inputs costs more than timing at large S
+
+    def data_for(D):
+        def get(S):
+            if (S, D) not in inputs:
+                inputs[S, D] = Data(S, H, D, device, args.seed + S)
+            return inputs[S, D]
+        return get
+
+    jobs = sorted(  # stable: the order of the options within a priority
+        ((m, dt, D, sb) for m in args.modes for dt in args.dtypes for D in args.head_dims for sb in args.s_buckets),
+        key=lambda j: priority(j[1], j[2]),
+    )
+    start = time.monotonic()
+    report = {"device": name, "out": str(out), "buckets": {}, "not_tuned": []}
+    for i, (mode, dtype, D, sb) in enumerate(jobs):
+        seq_lens = args.seq_lens or S_REPS[sb]
+        elem = getattr(torch, dtype).itemsize
+        key = tuning.bucket(mode, seq_lens[0], 2 * H, D, elem)
+        elapsed = time.monotonic() - start
+        if elapsed > args.budget:
+            report["not_tuned"].append(key)
+            continue
+        print(f"[{i + 1}/{len(jobs)} {elapsed:5.0f}s] {key} at S={','.join(map(str, seq_lens))}", flush=True)
+        current = tuning.config_for(mode, seq_lens[0], H, H, D, elem, device)
+        bucket = Bucket(kernel, timer, mode, dtype, seq_lens, data_for(D))
+        log = []
+        best, score, base_times = tune_bucket(bucket, current, D, log)
+        del bucket
+        report["buckets"][key] = {"start": current, "start_us": base_times, "best": best,
+                                  "time_vs_start": score if score < float("inf") else None, "tried": log}
+        if score == float("inf"):
+            print(f"    no candidate passed the check; {key} keeps the package's rule", file=sys.stderr)
+        else:
+            print(f"    best {best}: {score:.3f}x the time of {current} ({len(log)} candidates)", flush=True)
+            merge_write(out, {key: best})
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if report["not_tuned"]:
+        print(f"budget of {args.budget}s spent; {len(report['not_tuned'])} buckets keep default_config: "
+              + ", ".join(report["not_tuned"]), file=sys.stderr)
+    print(f"wrote {out} ({time.monotonic() - start:.0f}s)")
+    return report
+
+
+def add_arguments(parser):
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
+    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
+    parser.add_argument("--s-buckets", nargs="+", choices=list(S_REPS), default=list(S_REPS))
+    parser.add_argument("--heads", type=int, default=16, help="heads of q and of k (default 16)")
+    parser.add_argument("--seq-lens", type=int, nargs="+",
+                        help="time at these S instead of each bucket's representatives (the key uses the first)")
+    parser.add_argument("--calls", type=int, default=10, help="cold-L2 calls timed per candidate and S")
+    parser.add_argument("--budget", type=float, default=270, help="seconds; buckets not started by then are skipped")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)")
+    parser.add_argument("--out", type=Path, help="default: torch-ext/rope_bwd/configs/<GPU name>.json")
+    parser.add_argument("--log", type=Path, default=REPO_ROOT / "results" / "tune.json",
+                        help="every candidate's score, per bucket")
+
+
+def main(args) -> int:
+    report = run(args)
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    args.log.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.log}")
+    return 0

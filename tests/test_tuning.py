@@ -1,0 +1,134 @@
+"""Launch-configuration lookup: tuned JSON per GPU name and bucket, the default
+for unknown GPUs and buckets, the shipped files, and the tune command."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rope_bwd_triton import REPO_ROOT, tune
+
+SEARCHED = ("BLOCK_S", "BLOCK_D", "num_warps")
+
+
+def _pow2(n):
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _next_pow2(n):
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@pytest.fixture
+def tuning(kernel, monkeypatch, tmp_path):
+    """The loaded package's tuning module, reading configs from tmp_path, on a GPU named 'Fake GPU 9000'."""
+    t = kernel.tuning
+    monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(t, "_device_props", lambda device: ("Fake GPU 9000", 132))
+    t.tuned_table.cache_clear()
+    yield t
+    t.tuned_table.cache_clear()
+
+
+def _split(cfg):
+    return {k: cfg[k] for k in SEARCHED}, {k: v for k, v in cfg.items() if k not in SEARCHED}
+
+
+@pytest.mark.kernels_ci
+def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
+    S, H, D = 2213, 16, 128
+    tuned = {"BLOCK_S": 2, "BLOCK_D": 16, "num_warps": 1}
+    key = tuning.bucket("bwd", S, 2 * H, D, 4)
+    assert tuning.device_file("Fake GPU 9000") == tmp_path / "Fake_GPU_9000.json"
+    (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({key: tuned}))
+
+    cfg = tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu"))
+    searched, rest = _split(cfg)
+    assert searched == tuned
+    # the head blocking is the package's rule, tuned or not
+    assert rest == _split(tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")))[1]
+    # another S of the same bucket shares the entry
+    assert _split(tuning.config_for("bwd", 4096, H, H, D, 4, torch.device("cpu")))[0] == tuned
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("case", ["unknown GPU", "unknown bucket"])
+def test_falls_back_to_default_config(tuning, tmp_path, case):
+    S, H, D = 1024, 16, 72
+    if case == "unknown bucket":
+        other = tuning.bucket("fwd", S, 2 * H, 128, 4)
+        (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({other: {"BLOCK_S": 8, "BLOCK_D": 8, "num_warps": 1}}))
+    cfg = tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu"))
+    assert _split(cfg)[0] == tuning.default_config(S, 2 * H, D, 132)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("n_sm", [132, 8])
+@pytest.mark.parametrize("R", [2, 17, 32, 130])
+@pytest.mark.parametrize("D", [2, 16, 72, 80, 128, 256])
+@pytest.mark.parametrize("S", [1, 7, 128, 131, 1024, 4096, 65536])
+def test_default_config_is_valid_and_fills_the_gpu(kernel, S, R, D, n_sm):
+    cfg = kernel.tuning.default_config(S, R, D, n_sm)
+    half = D // 2
+    assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"])
+    assert cfg["BLOCK_D"] <= _next_pow2(half)
+    assert cfg["num_warps"] in (1, 2, 4, 8, 16)
+    programs = -(-S // cfg["BLOCK_S"]) * -(-half // cfg["BLOCK_D"])
+    # as many programs as 4 per SM, or as many as the shape allows at 16 channels per program
+    most = S * -(-half // min(16, _next_pow2(half)))
+    assert programs >= min(4 * n_sm, most)
+
+
+@pytest.mark.kernels_ci
+def test_shipped_configs_are_valid_and_ship_in_the_build(kernel):
+    source = REPO_ROOT / "torch-ext" / "rope_bwd" / "configs"
+    shipped = kernel.tuning.CONFIG_DIR
+    assert sorted(p.name for p in source.glob("*.json")) == sorted(p.name for p in shipped.glob("*.json"))
+    for path in shipped.glob("*.json"):
+        for key, cfg in json.loads(path.read_text()).items():
+            assert key.split("-")[0] in kernel.tuning.MODES, (path.name, key)
+            D = int(re.search(r"-D(\d+)-", key).group(1))
+            assert set(cfg) == set(SEARCHED), (path.name, key)
+            assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and cfg["BLOCK_D"] <= _next_pow2(D // 2)
+            assert cfg["num_warps"] in (1, 2, 4, 8, 16), (path.name, key)
+
+
+@pytest.mark.kernels_ci
+def test_tune_candidates_and_merge(tmp_path):
+    assert tune.block_d_values(128) == [8, 16, 32, 64]
+    assert tune.block_d_values(72) == [8, 16, 32, 64]
+    assert tune.block_d_values(16) == [8]
+    assert tune.candidate_ok({"BLOCK_S": 8, "BLOCK_D": 64}, 32)
+    assert not tune.candidate_ok({"BLOCK_S": 8, "BLOCK_D": 128}, 32)
+    path = tmp_path / "gpu.json"
+    tune.merge_write(path, {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 2}})
+    tune.merge_write(path, {"b": {"BLOCK_S": 4}})
+    assert json.loads(path.read_text()) == {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 4}}
+
+
+def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path):
+    """The whole tune path on the CPU, in Triton's interpreter (timings meaningless);
+    the package then finds the written bucket."""
+    out = tmp_path / "cpu.json"
+    cmd = [sys.executable, "-m", "rope_bwd_triton", "tune", "--modes", "bwd", "--dtypes", "float32",
+           "--head-dims", "16", "--heads", "2", "--s-buckets", "S256", "--seq-lens", "5", "--calls", "1",
+           "--device", "cpu", "--out", str(out), "--log", str(tmp_path / "log.json")]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True, capture_output=True, text=True)
+    table = json.loads(out.read_text())
+    log = json.loads((tmp_path / "log.json").read_text())
+    t = kernel.tuning
+    key = t.bucket("bwd", 5, 4, 16, 4)
+    assert list(table) == [key] and set(table[key]) == set(SEARCHED)
+    assert log["buckets"][key]["tried"] and not log["not_tuned"]
+
+    monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
+    t.tuned_table.cache_clear()
+    try:
+        assert _split(t.config_for("bwd", 5, 2, 2, 16, 4, torch.device("cpu")))[0] == table[key]
+    finally:
+        t.tuned_table.cache_clear()
