@@ -31,9 +31,9 @@ def s_bucket(S: int) -> str:
     return "Sbig"
 
 
-def bucket(mode: str, S: int, H: int, D: int, elem_size: int) -> str:
-    """Key of a tuned configuration: mode, head_dim, heads (max of q and k), element bytes, S bucket."""
-    return f"{mode}-D{D}-H{H}-b{elem_size}-{s_bucket(S)}"
+def bucket(mode: str, S: int, R: int, D: int, elem_size: int) -> str:
+    """Key of a tuned configuration: mode, head_dim, rows (q heads + k heads), element bytes, S bucket."""
+    return f"{mode}-D{D}-R{R}-b{elem_size}-{s_bucket(S)}"
 
 
 def device_file(device_name: str) -> Path:
@@ -46,23 +46,23 @@ def tuned_table(device_name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _block_h(H: int) -> int:
-    # Heads are looped over in chunks of BLOCK_H, so huge head counts keep tiles small.
-    return min(_next_pow2(H), 32)
+def block_r(R: int) -> int:
+    # Rows (q and k heads) are looped over in chunks of BLOCK_R: huge head counts keep tiles small.
+    return min(_next_pow2(R), 64)
 
 
-def default_config(S: int, H: int, D: int, n_sm: int = 132) -> dict:
+def default_config(S: int, R: int, D: int, n_sm: int = 132) -> dict:
     """Heuristic: whole half rows per program, split across programs while there are
     too few programs to fill the GPU, several tokens per program when S is large."""
     half = D // 2
-    bh = _block_h(H)
+    bh = block_r(R)
     bd = _next_pow2(half)
     bs = 1
     while bd > 16 and _cdiv(S, bs) * _cdiv(half, bd) < 4 * n_sm:
         bd //= 2
-    while bs * bh * bd < 2048 and _cdiv(S, 2 * bs) * _cdiv(half, bd) >= 8 * n_sm:
+    while bs * bh * bd < 4096 and _cdiv(S, 2 * bs) * _cdiv(half, bd) >= 8 * n_sm:
         bs *= 2
-    return {"BLOCK_S": bs, "BLOCK_D": bd, "num_warps": 4 if bs * bh * bd <= 2048 else 8}
+    return {"BLOCK_S": bs, "BLOCK_D": bd, "num_warps": 4 if bs * bh * bd <= 4096 else 8}
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +76,6 @@ def _device_props(device: torch.device):
 def config_for(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device: torch.device) -> dict:
     """Full launch configuration (block sizes and warps) for one call."""
     name, n_sm = _device_props(device)
-    H = max(HQ, HK)
-    cfg = tuned_table(name).get(bucket(mode, S, H, D, elem_size)) or default_config(S, H, D, n_sm)
-    return {**cfg, "BLOCK_HQ": _block_h(HQ), "BLOCK_HK": _block_h(HK)}
+    R = HQ + HK
+    cfg = tuned_table(name).get(bucket(mode, S, R, D, elem_size)) or default_config(S, R, D, n_sm)
+    return {**cfg, "BLOCK_R": block_r(R)}
