@@ -7,6 +7,7 @@ import sys
 
 COMMANDS = {
     "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
+    "demo": "build, load through get_kernel, run and verify the 16 public workloads; table, JSON, plot",
     "bench": "time ours and the peers against the byte floor (cold L2); JSON, markdown, plot",
     "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
     "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary",

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What runs on the H200 (the device machine: python3 with torch and triton, no
+# network). Installs the carried wheels (.whl/: kernels, tomlkit, liger-kernel,
+# tabulate) into /tmp/site, then runs the stages named as arguments, writing
+# everything under $OUT:
+#   tune   search launch configurations -> torch-ext/rope_bwd/configs/<GPU>.json
+#   bench  benchmark suite and scaling sets (DESIGN.md section 6)
+#   tests  the whole pytest suite (GPU tests included)
+#   e2e    Qwen3-Omni vision-encoder training step: eager, kernelized, bound
+#   demo   the main job
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+rc=0
+for stage in "$@"; do
+  echo "=== $stage"
+  case $stage in
+    tune)  python3 -m rope_bwd_triton tune --budget "${TUNE_BUDGET:-240}" --log "$OUT/tune.json" && cp torch-ext/rope_bwd/configs/*.json "$OUT/" ;;
+    bench) python3 -m rope_bwd_triton bench --set suite --json "$OUT/bench-suite.json" --markdown "$OUT/suite.md" --plot "$OUT/suite.png" &&
+           python3 -m rope_bwd_triton bench --set scaling --json "$OUT/bench-scaling.json" --markdown "$OUT/scaling.md" --plot "$OUT/scaling.png" ;;
+    tests) python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
+    e2e)   python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
+           HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e --out "$OUT" ;;
+    demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
+    *) echo "unknown stage $stage"; rc=2 ;;
+  esac
+  [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
+done
+exit $rc

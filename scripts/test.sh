@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The tests, on a fresh machine too: sets up .venv, runs the whole suite (CPU
+# tensors through the PyTorch path; CUDA tests when a GPU is present), then the
+# kernel-correctness files again with TRITON_INTERPRET=1, so that the Triton
+# kernels themselves run in Triton's interpreter on CPU tensors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PY=.venv/bin/python
+$PY -m pytest -q "$@"
+TRITON_INTERPRET=1 $PY -m pytest -q tests/test_ops.py tests/test_special_values.py tests/test_bad_input.py "$@"

@@ -1,0 +1,216 @@
+"""Correctness of every public function and launch configuration against a float64
+evaluation of the math (rope_bwd_triton.suite: autograd of the eager forward).
+
+CPU tensors run the PyTorch path, or the Triton kernel in Triton's interpreter
+when the process has TRITON_INTERPRET=1 (the test script runs this file both
+ways); CUDA tensors run the Triton kernel. Outputs are poisoned with NaN before
+every kernel writes them, so an unwritten element fails the comparison.
+"""
+
+import pytest
+import torch
+
+from rope_bwd_triton import suite
+from conftest import DEVICES, HAS_CUDA, INTERPRET
+
+# fp32 lands near 1e-7 (a few roundings per element); bf16/fp16 outputs are rounded to 8/11 bits.
+TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+DTYPES = list(TOL)
+HEAD_DIMS = [72, 80, 128]
+
+
+def _inputs(S, HQ, D, dtype, device, gen, HK=None):
+    x = suite.make_inputs(S, HQ, D, HK=HK, dtype=dtype, device=device, generator=gen)
+    return x["grad_q_embed"], x["grad_k_embed"], x["q"], x["k"], x["embeddings"]
+
+
+def _ref_vision(q, k, cos, sin, gq, gk):
+    """float64 autograd of transformers' apply_rotary_pos_emb_vision (math in float64)."""
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, cos, sin)]
+    qq, kk, c, s = leaves
+    c, s = c[:, None, :], s[:, None, :]
+    outs = (qq * c + suite._rotate_half(qq) * s, kk * c + suite._rotate_half(kk) * s)
+    grads = torch.autograd.grad(outs, leaves, [g.detach().cpu().double() for g in (gq, gk)])
+    return [o.detach() for o in outs], grads
+
+
+def _close(out, ref, dtype, what):
+    err = suite.rel_err(out, ref)
+    assert err <= TOL[dtype], f"{what}: rel err {err:.2e} > {TOL[dtype]:.0e}"
+
+
+def _poisoned(t):
+    return torch.full_like(t, float("nan"))
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", HEAD_DIMS)
+def test_rope_bwd_and_fwd(kernel, device, dtype, D, gen):
+    gq, gk, q, k, e = _inputs(37, 4, D, dtype, device, gen, HK=3)
+    ref = suite.reference_backward(gq, gk, q, k, e)
+    for out in (kernel.rope_bwd(gq, gk, q, k, e),
+                kernel.rope_bwd(gq, gk, q, k, e, out=tuple(map(_poisoned, (q, k, e))))):
+        for o, r, name in zip(out, ref, ("grad_q", "grad_k", "grad_embeddings")):
+            assert o.dtype == (e.dtype if name == "grad_embeddings" else dtype) and o.device.type == device
+            # the table gradient is fp32 math on exactly widened inputs: fp32 accuracy whatever q's dtype
+            _close(o, r, torch.float32 if name == "grad_embeddings" else dtype, name)
+    fwd_ref = suite.reference_forward(*(t.cpu().double() for t in (q, k, e)))
+    for o, r in zip(kernel.rope_fwd(q, k, e), fwd_ref):
+        assert o.dtype == dtype
+        _close(o, r, dtype, "rope_fwd")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", HEAD_DIMS)
+def test_apply_rotary_emb_autograd(kernel, device, dtype, D, gen):
+    gq, gk, q, k, e = _inputs(29, 3, D, dtype, device, gen, HK=5)
+    qq, kk, ee = (t.clone().requires_grad_() for t in (q, k, e))
+    outs = kernel.apply_rotary_emb(qq, kk, ee)
+    torch.autograd.backward(outs, (gq, gk))
+    ref = suite.reference_backward(gq, gk, q, k, e)
+    fwd_ref = suite.reference_forward(*(t.cpu().double() for t in (q, k, e)))
+    for o, r in zip(outs, fwd_ref):
+        _close(o, r, dtype, "forward")
+    for g, r, name in zip((qq.grad, kk.grad, ee.grad), ref, "qke"):
+        _close(g, r, dtype if name != "e" else torch.float32, f"grad {name}")
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("table_grad", [False, True])
+def test_apply_rotary_pos_emb_vision(kernel, device, dtype, D, table_grad, gen):
+    """transformers' signature: strided q/k views of one qkv projection, fp32 cos/sin."""
+    S, H = 23, 4
+    qkv = torch.randn(S, 3 * H * D, generator=gen).to(device=device, dtype=dtype)
+    q, k, _ = qkv.reshape(S, 3, H, D).permute(1, 0, 2, 3).unbind(0)
+    e = torch.randn(S, D, generator=gen).to(device)
+    cos, sin = e.cos(), e.sin()
+    gq, gk = (torch.randn(S, H, D, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    leaves = [q.detach().requires_grad_(), k.detach().requires_grad_(),
+              cos.clone().requires_grad_(table_grad), sin.clone().requires_grad_(table_grad)]
+    outs = kernel.apply_rotary_pos_emb_vision(*leaves)
+    torch.autograd.backward(outs, (gq, gk))
+    fwd_ref, grad_ref = _ref_vision(q, k, cos, sin, gq, gk)
+    for o, r in zip(outs, fwd_ref):
+        assert o.dtype == dtype
+        _close(o, r, dtype, "forward")
+    _close(leaves[0].grad, grad_ref[0], dtype, "grad q")
+    _close(leaves[1].grad, grad_ref[1], dtype, "grad k")
+    if table_grad:
+        # fp32 math on exactly widened inputs: fp32 accuracy whatever q's dtype
+        _close(leaves[2].grad, grad_ref[2], torch.float32, "grad cos")
+        _close(leaves[3].grad, grad_ref[3], torch.float32, "grad sin")
+    else:
+        assert leaves[2].grad is None and leaves[3].grad is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("which", ["q", "k", "e", "qe"])
+def test_partial_gradients(kernel, device, which, gen):
+    """Only the asked-for gradients are computed, and they are right."""
+    gq, gk, q, k, e = _inputs(19, 3, 80, torch.float32, device, gen, HK=2)
+    leaves = [t.clone().requires_grad_(n in which) for t, n in zip((q, k, e), "qke")]
+    torch.autograd.backward(kernel.apply_rotary_emb(*leaves), (gq, gk))
+    ref = suite.reference_backward(gq, gk, q, k, e)
+    for leaf, r, n in zip(leaves, ref, "qke"):
+        if n in which:
+            _close(leaf.grad, r, torch.float32, f"grad {n}")
+        else:
+            assert leaf.grad is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(BLOCK_S=1, BLOCK_D=64, BLOCK_R=8, num_warps=4),  # one chunk of D/2, rows looped in chunks
+     dict(BLOCK_S=4, BLOCK_D=8, BLOCK_R=2, num_warps=1),  # several channel chunks, odd tail of tokens
+     dict(BLOCK_S=2, BLOCK_D=16, BLOCK_R=16, num_warps=2)],
+)
+@pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd", "bwd_q_only"])
+def test_launch_configurations(kernel, device, cfg, mode, gen):
+    """The kernel itself across block shapes: masks, row loops and channel chunks."""
+    if device == "cpu" and not INTERPRET:
+        pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
+    S, HQ, HK, D = 13, 5, 3, 72
+    gq, gk, q, k, e = _inputs(S, HQ, D, torch.float32, device, gen, HK=HK)
+    dq, dk, de = _poisoned(q), _poisoned(k), _poisoned(e)
+    launch = kernel.rotary_triton.launch
+    ref = suite.reference_backward(gq, gk, q, k, e)
+    if mode == "bwd":
+        launch(gq, gk, dq, dk, q, k, e, None, de, None, adjoint=True, config=cfg)
+        for o, r in zip((dq, dk, de), ref):
+            _close(o, r, torch.float32, mode)
+    elif mode == "bwd_qk":
+        cos, sin = e.cos(), e.sin()
+        launch(gq, gk, dq, dk, None, None, cos, sin, None, None, adjoint=True, config=cfg)
+        _close(dq, ref[0], torch.float32, "dq")
+        _close(dk, ref[1], torch.float32, "dk")
+    elif mode == "bwd_q_only":
+        launch(gq, gk, dq, None, None, None, e, None, None, None, adjoint=True, config=cfg)
+        _close(dq, ref[0], torch.float32, "dq")
+        assert dk.isnan().all(), "k side written though not asked for"
+    else:
+        launch(q, k, dq, dk, None, None, e, None, None, None, adjoint=False, config=cfg)
+        for o, r in zip((dq, dk), suite.reference_forward(*(t.cpu().double() for t in (q, k, e)))):
+            _close(o, r, torch.float32, "fwd")
+
+
+def test_gradcheck_torch_path(kernel):
+    """float64 gradcheck of the custom op's autograd (CPU PyTorch path), tables and q/k."""
+    if INTERPRET:
+        pytest.skip("float64 is a PyTorch-path feature; the Triton kernel computes in float32")
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4, 2, 8, generator=g, dtype=torch.float64), torch.randn(4, 3, 8, generator=g, dtype=torch.float64)
+    e = torch.randn(4, 8, generator=g, dtype=torch.float64)
+    args = [t.requires_grad_() for t in (q, k, e)]
+    assert torch.autograd.gradcheck(kernel.apply_rotary_emb, args)
+    cos, sin = (t.detach().clone().requires_grad_() for t in (e.cos(), e.sin()))
+    assert torch.autograd.gradcheck(kernel.apply_rotary_pos_emb_vision, [args[0], args[1], cos, sin])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("S", suite.SEQ_LENS)
+def test_suite_workloads_gpu(kernel, S, gen):
+    """The 16 public workloads (fp32, H=16, D=128): our tolerance and the benchmark's pass rule."""
+    gq, gk, q, k, e = _inputs(S, suite.HEADS, suite.HEAD_DIM, torch.float32, "cuda", gen)
+    out = kernel.rope_bwd(gq, gk, q, k, e, out=tuple(map(_poisoned, (q, k, e))))
+    for o, r in zip(out, suite.reference_backward(gq, gk, q, k, e)):
+        _close(o, r, torch.float32, f"S={S}")
+        assert suite.sol_pass_fraction(o, r) == 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H,D", [(16, 72), (16, 80)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("S", [1, 4096, 9216])
+def test_real_model_shapes_gpu(kernel, H, D, dtype, S, gen):
+    """Qwen3-Omni (16x72) and Qwen2.5-VL (16x80) as the models call it: q/k views of one
+    qkv projection, fp32 cos/sin from a buffer (no table grad: q/k-only backward)."""
+    qkv = torch.randn(S, 3 * H * D, generator=gen).to(device="cuda", dtype=dtype)
+    q, k, _ = qkv.reshape(S, 3, H, D).permute(1, 0, 2, 3).unbind(0)
+    e = torch.randn(S, D, generator=gen).cuda()
+    cos, sin = e.cos(), e.sin()
+    gq, gk = (torch.randn(S, H, D, generator=gen).to(device="cuda", dtype=dtype) for _ in range(2))
+    qq, kk = q.detach().requires_grad_(), k.detach().requires_grad_()
+    outs = kernel.apply_rotary_pos_emb_vision(qq, kk, cos, sin)
+    torch.autograd.backward(outs, (gq, gk))
+    fwd_ref, grad_ref = _ref_vision(q, k, cos, sin, gq, gk)
+    for o, r in zip(outs, fwd_ref):
+        _close(o, r, dtype, "forward")
+    _close(qq.grad, grad_ref[0], dtype, "grad q")
+    _close(kk.grad, grad_ref[1], dtype, "grad k")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_matches_cpu_path(kernel, gen):
+    """Both variants of the package compute the same function (Triton on CUDA vs PyTorch on CPU)."""
+    gq, gk, q, k, e = _inputs(300, 16, 80, torch.float32, "cpu", gen)
+    cpu = kernel.rope_bwd(gq, gk, q, k, e)
+    gpu = kernel.rope_bwd(*(t.cuda() for t in (gq, gk, q, k, e)))
+    for a, b in zip(cpu, gpu):
+        assert suite.rel_err(b, a) < 1e-6
