@@ -133,11 +133,21 @@ def test_compile_training_parity(kernel, integrations):
                  mode=Mode.TRAINING | Mode.TORCH_COMPILE, built="before")
 
 
+@pytest.fixture
+def no_tf32():
+    """fp32 means fp32: cuDNN runs fp32 convolutions (the patch embedding) in TF32 by default,
+    whose 10-bit inputs turn the 1e-7 differences of two correct rotaries into 1e-5 ones."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ALL_MODES, ids=["inference", "training", "training_compile"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", list(REAL))
-def test_real_width_parity_cuda(kernel, integrations, family, dtype, mode):
+def test_real_width_parity_cuda(kernel, integrations, family, dtype, mode, no_tf32):
     check_parity(kernel, integrations, family, size="real", dtype=dtype, device="cuda", mode=mode, built="before")
 
 

@@ -64,8 +64,10 @@ def test_offline_cache_serves_the_user_call(tmp_path):
     assert (snapshot / "README.md").read_text() == (REPO_ROOT / "CARD.md").read_text()
 
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "TRITON_INTERPRET")}
+    # Keep the caller's PYTHONPATH: on the GPU machine kernels itself is installed through it.
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path), HF_HUB_CACHE=str(tmp_path / "hub"),
-               PYTHONPATH=str(REPO_ROOT))
+               PYTHONPATH=pythonpath)
     proc = subprocess.run([sys.executable, "-c", USER_CALL.format(repo=repo_id())], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

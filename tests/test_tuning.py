@@ -118,7 +118,8 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
            "--head-dims", "16", "--heads", "2", "--s-buckets", "S256", "--seq-lens", "5", "--calls", "1",
            "--device", "cpu", "--out", str(out), "--log", str(tmp_path / "log.json")]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     table = json.loads(out.read_text())
     log = json.loads((tmp_path / "log.json").read_text())
     t = kernel.tuning
