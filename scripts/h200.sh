@@ -23,7 +23,7 @@ rc=0
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
-    tune)  python3 -m rope_bwd_triton tune --budget "${TUNE_BUDGET:-240}" --log "$OUT/tune.json" && cp torch-ext/rope_bwd/configs/*.json "$OUT/" ;;
+    tune)  python3 -m rope_bwd_triton tune --budget "${TUNE_BUDGET:-240}" ${TUNE_ARGS:-} --log "$OUT/tune.json" && cp torch-ext/rope_bwd/configs/*.json "$OUT/" ;;
     bench) python3 -m rope_bwd_triton bench --set suite --json "$OUT/bench-suite.json" --markdown "$OUT/suite.md" --plot "$OUT/suite.png" ;;
     scaling) python3 -m rope_bwd_triton bench --set scaling --json "$OUT/bench-scaling.json" --markdown "$OUT/scaling.md" --plot "$OUT/scaling.png" ;;
     tests) python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
