@@ -73,6 +73,19 @@ class _Rope:
         return torch.cat([o.reshape(-1) for o in outs])
 
 
+def _workloads(*names):
+    """Add setup_/benchmark_/verify_<name> methods (the runner finds workloads by these
+    names) that call the class's _run and _verify on the inputs of SHAPES[name]."""
+    def add(cls):
+        for name in names:
+            setattr(cls, f"setup_{name}", lambda self, name=name: self._inputs(name))
+            setattr(cls, f"benchmark_{name}", lambda self: self._run())
+            setattr(cls, f"verify_{name}", lambda self: self._verify())
+        return cls
+    return add
+
+
+@_workloads("s128", "s1024", "s4096", "qwen3_omni_d72_s4096", "qwen25_vl_d80_s4096")
 class RopeBackward(_Rope, Benchmark):
     """SOL-ExecBench 019: rope_bwd(grad_q_embed, grad_k_embed, q, k, embeddings) into preallocated outputs."""
 
@@ -82,52 +95,8 @@ class RopeBackward(_Rope, Benchmark):
     def _verify(self):
         return self._reference_backward(table_grad=True)
 
-    def setup_s128(self):
-        self._inputs("s128")
 
-    def benchmark_s128(self):
-        self._run()
-
-    def verify_s128(self):
-        return self._verify()
-
-    def setup_s1024(self):
-        self._inputs("s1024")
-
-    def benchmark_s1024(self):
-        self._run()
-
-    def verify_s1024(self):
-        return self._verify()
-
-    def setup_s4096(self):
-        self._inputs("s4096")
-
-    def benchmark_s4096(self):
-        self._run()
-
-    def verify_s4096(self):
-        return self._verify()
-
-    def setup_qwen3_omni_d72_s4096(self):
-        self._inputs("qwen3_omni_d72_s4096")
-
-    def benchmark_qwen3_omni_d72_s4096(self):
-        self._run()
-
-    def verify_qwen3_omni_d72_s4096(self):
-        return self._verify()
-
-    def setup_qwen25_vl_d80_s4096(self):
-        self._inputs("qwen25_vl_d80_s4096")
-
-    def benchmark_qwen25_vl_d80_s4096(self):
-        self._run()
-
-    def verify_qwen25_vl_d80_s4096(self):
-        return self._verify()
-
-
+@_workloads("s1024", "s4096", "qwen3_omni_d72_s4096")
 class RopeBackwardQK(_Rope, Benchmark):
     """The backward when cos/sin need no gradient (the real models): only grad_q and grad_k,
     through the op that the autograd backward calls."""
@@ -138,54 +107,13 @@ class RopeBackwardQK(_Rope, Benchmark):
     def _verify(self):
         return self._reference_backward(table_grad=False)
 
-    def setup_s1024(self):
-        self._inputs("s1024")
 
-    def benchmark_s1024(self):
-        self._run()
-
-    def verify_s1024(self):
-        return self._verify()
-
-    def setup_s4096(self):
-        self._inputs("s4096")
-
-    def benchmark_s4096(self):
-        self._run()
-
-    def verify_s4096(self):
-        return self._verify()
-
-    def setup_qwen3_omni_d72_s4096(self):
-        self._inputs("qwen3_omni_d72_s4096")
-
-    def benchmark_qwen3_omni_d72_s4096(self):
-        self._run()
-
-    def verify_qwen3_omni_d72_s4096(self):
-        return self._verify()
-
-
+@_workloads("s1024", "s4096")
 class RopeForward(_Rope, Benchmark):
     """rope_fwd(q, k, embeddings) -> (q_embed, k_embed)."""
 
     def _run(self):
         self.result = self.kernel.rope_fwd(self.q, self.k, self.embeddings)
 
-    def setup_s1024(self):
-        self._inputs("s1024")
-
-    def benchmark_s1024(self):
-        self._run()
-
-    def verify_s1024(self):
-        return self._reference_forward()
-
-    def setup_s4096(self):
-        self._inputs("s4096")
-
-    def benchmark_s4096(self):
-        self._run()
-
-    def verify_s4096(self):
+    def _verify(self):
         return self._reference_forward()
