@@ -110,6 +110,20 @@ def test_tune_candidates_and_merge(tmp_path):
     assert json.loads(path.read_text()) == {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 4}}
 
 
+def _interpreter_runs_loops() -> bool:
+    """Triton 3.6's interpreter cannot run a loop with a runtime bound under NumPy >= 2.4
+    (it calls int() on a one-element array): seen with triton 3.6.0 and numpy 2.4.6 / 2.5.2,
+    fine with numpy 2.3.5 or triton 3.9.0. The compiled GPU path is not affected."""
+    import numpy
+    import triton
+
+    def version(v):
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+
+    return version(triton.__version__) >= (3, 9) or version(numpy.__version__) < (2, 4)
+
+
+@pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
 def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path):
     """The whole tune path on the CPU, in Triton's interpreter (timings meaningless);
     the package then finds the written bucket."""
