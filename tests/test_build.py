@@ -1,0 +1,76 @@
+"""The offline build reproduces kernel-builder's torch-noarch output, and the kernels
+project's own parsers and digest check accept it (DESIGN.md sections 2 and 3)."""
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from kernels._rust import Backend, Build, Digest, DigestAlgorithm, DigestValidationError, Metadata
+
+from rope_bwd_triton import REPO_ROOT
+from rope_bwd_triton.build import build_variants, read_config, unique_id
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    out = tmp_path_factory.mktemp("build")
+    return {p.name: p for p in build_variants(out=out)}
+
+
+@pytest.mark.kernels_ci
+def test_build_toml_is_accepted_by_kernels():
+    build = Build.open(REPO_ROOT)
+    assert sorted(map(str, build.general.backends)) == sorted(map(str, [Backend.CPU, Backend.CUDA]))
+    general = read_config()["general"]
+    assert (general["name"], general["version"], general["edition"]) == ("rope-bwd", 1, 5)
+    assert general["hub"]["repo-id"].endswith("/rope-bwd")
+    assert "json" in read_config()["torch-noarch"]["pyext"]  # tuned configurations ship
+
+
+@pytest.mark.kernels_ci
+def test_variants_hold_the_package_and_generated_files(variants):
+    assert set(variants) == {"torch-cpu", "torch-cuda"}
+    shipped = {p.relative_to(REPO_ROOT / "torch-ext" / "rope_bwd") for p in (REPO_ROOT / "torch-ext" / "rope_bwd").rglob("*")
+               if p.is_file() and p.suffix in (".py", ".json") and "__pycache__" not in p.parts}
+    for name, path in variants.items():
+        files = {p.relative_to(path) for p in path.rglob("*") if p.is_file()}
+        assert shipped <= files
+        assert files - shipped == {Path("_ops.py"), Path("metadata.json"), Path("rope_bwd/__init__.py")}
+        backend = name.split("-")[1]
+        ops = (path / "_ops.py").read_text()
+        assert f'f"_rope_bwd_{{get_backend()}}_{unique_id()}"' in ops and "def add_op_namespace_prefix" in ops
+        meta = Metadata.read_from_file(path / "metadata.json")
+        assert (str(meta.name), meta.version, meta.license) == ("rope-bwd", 1, "Apache-2.0")
+        assert meta.id == f"_rope_bwd_{backend}_{unique_id()}"
+        assert meta.backend.backend_type == Backend.from_str(backend) and meta.python_depends == []
+
+
+@pytest.mark.kernels_ci
+def test_digest_matches_and_detects_tampering(variants, tmp_path):
+    for path in variants.values():
+        digest = Metadata.read_from_file(path / "metadata.json").digest
+        assert digest is not None and digest.algorithm == DigestAlgorithm.SHA256
+        digest.validate(Digest.hash_variant(DigestAlgorithm.SHA256, path))
+        tampered = tmp_path / path.name
+        shutil.copytree(path, tampered)
+        (tampered / "ops.py").write_text((tampered / "ops.py").read_text() + "\n# changed\n")
+        with pytest.raises(DigestValidationError):
+            digest.validate(Digest.hash_variant(DigestAlgorithm.SHA256, tampered))
+
+
+def test_get_kernel_picks_the_variant_of_this_torch(kernel):
+    variant = Path(kernel.__file__).parent
+    assert variant == REPO_ROOT / "build" / ("torch-cuda" if torch.version.cuda else "torch-cpu")
+    assert kernel.__name__ == Metadata.read_from_file(variant / "metadata.json").id
+
+
+def test_compatibility_directory_reexports_the_variant(kernel):
+    """<variant>/rope_bwd/__init__.py (for loaders that look there) gives the same objects."""
+    compat = Path(kernel.__file__).parent / "rope_bwd" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("rope_bwd_compat_check", compat)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.__all__ == kernel.__all__
+    assert all(getattr(module, name) is getattr(kernel, name) for name in kernel.__all__)
