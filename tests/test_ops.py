@@ -214,3 +214,21 @@ def test_cuda_matches_cpu_path(kernel, gen):
     gpu = kernel.rope_bwd(*(t.cuda() for t in (gq, gk, q, k, e)))
     for a, b in zip(cpu, gpu):
         assert suite.rel_err(b, a) < 1e-6
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("table_grad", [False, True])
+def test_backward_keeps_q_and_k_only_for_the_table_gradient(kernel, table_grad, gen):
+    """When cos/sin need no gradient (the real models) autograd saves only the table:
+    the backward cannot read q and k, so it moves 4 of the 6 large tensors."""
+    S, H, D = 7, 2, 16
+    q, k = (torch.randn(S, H, D, generator=gen).requires_grad_() for _ in range(2))
+    cos, sin = (torch.randn(S, D, generator=gen).requires_grad_(table_grad) for _ in range(2))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        outs = kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    kept = {id(t) for t in saved}
+    assert (id(q) in kept, id(k) in kept) == (table_grad, table_grad)
+    assert {id(cos), id(sin)} <= kept
+    torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen) for o in outs])
+    assert q.grad is not None and k.grad is not None and (cos.grad is not None) == table_grad
