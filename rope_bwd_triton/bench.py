@@ -205,6 +205,7 @@ def _measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, 
     import torch
 
     from . import suite
+    from .timing import bandwidth_GBps, time_us
 
     seed = args.seed * 1_000_003 + S * 1009 + H * 31 + D
     data = Data(S, H, D, timer.device, seed)
@@ -212,7 +213,7 @@ def _measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, 
     floors = {}
     for task, (_, mode, dtype_name) in TASKS.items():
         nbytes = suite.floor_bytes(S, H, D, elem=getattr(torch, dtype_name).itemsize, table_elem=4, mode=mode)
-        floors[task] = {"bytes": nbytes, "us": nbytes / (bandwidth * 1e3)}
+        floors[task] = {"bytes": nbytes, "us": time_us(nbytes, bandwidth)}
     refs = {}
     results = {}
     for impl in impls:
@@ -238,7 +239,7 @@ def _measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, 
         floor = floors[impl.task]
         results[impl.name] = {
             "label": impl.label, "task": impl.task, "time": stats.as_dict(),
-            "x_floor": stats.mean_us / floor["us"], "GBps": floor["bytes"] / (stats.mean_us * 1e3),
+            "x_floor": stats.mean_us / floor["us"], "GBps": bandwidth_GBps(floor["bytes"], stats.mean_us),
             "verify": check,
         }
         if not check["ok"]:

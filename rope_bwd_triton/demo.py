@@ -45,6 +45,30 @@ def _plot(rows, path, on_gpu):
     plt.close(fig)
 
 
+def table(rows, gpu_name=None, bandwidth=None):
+    """The printed result: one line per workload, then the suite mean and the verdict.
+    With a GPU (gpu_name set) rows carry floor_us and GBps, and the mean is set against the floor."""
+    from . import suite
+
+    head = f"{'S':>6} {'max rel err':>12} {'SOL pass':>9} {'us/call':>9}"
+    lines = ["", head + (f" {'floor us':>9} {'x floor':>8} {'GB/s':>7}" if gpu_name else "")]
+    for r in rows:
+        line = f"{r['S']:>6} {r['rel_err']:>12.2e} {100 * r['sol_pass']:>8.1f}% {r['time_us']:>9.1f}"
+        if gpu_name:
+            line += f" {r['floor_us']:>9.1f} {r['time_us'] / r['floor_us']:>8.2f} {r['GBps']:>7.0f}"
+        lines.append(line + ("" if r["ok"] else "  FAILED"))
+    mean_t = sum(r["time_us"] for r in rows) / len(rows)
+    summary = f"suite mean: {mean_t:.1f} us per call"
+    if gpu_name:
+        mean_f = sum(r["floor_us"] for r in rows) / len(rows)
+        summary += f" on {gpu_name}, floor {mean_f:.1f} us ({mean_t / mean_f:.2f}x; copy bandwidth {bandwidth:.0f} GB/s)"
+    else:
+        summary += " (CPU wall clock of the PyTorch path; GPU figures come from `bench` on a GPU)"
+    ok = all(r["ok"] for r in rows)
+    return lines + [summary, f"verification: {'all workloads pass' if ok else 'FAILURES'} "
+                    f"(rel err <= {FP32_TOL:g} vs float64, and the SOL-ExecBench rule on >= {suite.SOL_MIN_PASS:.0%} of elements)"]
+
+
 def main(args) -> int:
     import torch
     import triton
@@ -52,7 +76,7 @@ def main(args) -> int:
 
     from . import suite
     from .load import load_kernel
-    from .timing import ColdL2Timer, copy_bandwidth
+    from .timing import ColdL2Timer, bandwidth_GBps, copy_bandwidth, time_us
 
     kernel = load_kernel()
     on_gpu = torch.cuda.is_available()
@@ -77,28 +101,12 @@ def main(args) -> int:
                "time_us": t}
         if on_gpu:
             nbytes = suite.floor_bytes(S)
-            row.update(floor_us=nbytes / bandwidth * 1e3, GBps=nbytes / (t * 1e3))
+            row.update(floor_us=time_us(nbytes, bandwidth), GBps=bandwidth_GBps(nbytes, t))
         ok &= row["ok"]
         rows.append(row)
 
-    head = f"{'S':>6} {'max rel err':>12} {'SOL pass':>9} {'us/call':>9}" + (
-        f" {'floor us':>9} {'x floor':>8} {'GB/s':>7}" if on_gpu else "")
-    print("\n" + head)
-    for r in rows:
-        line = f"{r['S']:>6} {r['rel_err']:>12.2e} {100 * r['sol_pass']:>8.1f}% {r['time_us']:>9.1f}"
-        if on_gpu:
-            line += f" {r['floor_us']:>9.1f} {r['time_us'] / r['floor_us']:>8.2f} {r['GBps']:>7.0f}"
-        print(line + ("" if r["ok"] else "  FAILED"))
-    mean_t = sum(r["time_us"] for r in rows) / len(rows)
-    summary = f"suite mean: {mean_t:.1f} us per call"
-    if on_gpu:
-        mean_f = sum(r["floor_us"] for r in rows) / len(rows)
-        summary += f" on {where}, floor {mean_f:.1f} us ({mean_t / mean_f:.2f}x; copy bandwidth {bandwidth:.0f} GB/s)"
-    else:
-        summary += " (CPU wall clock of the PyTorch path; GPU figures come from `bench` on a GPU)"
-    print(summary)
-    print(f"verification: {'all workloads pass' if ok else 'FAILURES'} "
-          f"(rel err <= {FP32_TOL:g} vs float64, and the SOL-ExecBench rule on >= {suite.SOL_MIN_PASS:.0%} of elements)")
+    for line in table(rows, where if on_gpu else None, bandwidth):
+        print(line)
 
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"device": where, "torch": torch.__version__, "triton": triton.__version__, "kernel": kernel.__name__,

@@ -126,10 +126,20 @@ class ColdL2Timer:
         raise RuntimeError(f"the host could not enqueue {n} calls within a {sleep_us / 4:.0f} us GPU sleep")
 
 
+def time_us(nbytes: float, GBps: float) -> float:
+    """Microseconds to move nbytes at GBps (GB/s = bytes per ns)."""
+    return nbytes / (GBps * 1e3)
+
+
+def bandwidth_GBps(nbytes: float, us: float) -> float:
+    """GB/s achieved moving nbytes in us microseconds."""
+    return nbytes / (us * 1e3)
+
+
 def copy_bandwidth(timer: ColdL2Timer, nbytes: int = 1 << 30) -> dict:
     """Device-to-device copy of nbytes, timed like any call; bandwidth counts read + write."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=timer.device)
     dst = torch.empty_like(src)
     stats = timer(lambda: dst.copy_(src))
     del src, dst
-    return {"bytes": nbytes, "GBps": 2 * nbytes / (stats.mean_us * 1e3), "time": stats.as_dict()}
+    return {"bytes": nbytes, "GBps": bandwidth_GBps(2 * nbytes, stats.mean_us), "time": stats.as_dict()}

@@ -23,3 +23,24 @@ def test_demo_runs_and_verifies(tmp_path):
     for row in result["rows"]:
         assert row["ok"] and row["rel_err"] < 1e-5 and row["sol_pass"] == 1.0
     assert (tmp_path / "demo.png").stat().st_size > 0
+
+
+@pytest.mark.kernels_ci
+def test_demo_table_on_a_gpu():
+    """The GPU layout of the demo's table (floor, x floor, GB/s) from a known case: the
+    public S=4096 workload moves 205.5 MB, 49.9 us at 4.12 TB/s; a 61.0 us call is 1.22x."""
+    from rope_bwd_triton import demo, suite
+    from rope_bwd_triton.timing import bandwidth_GBps, time_us
+
+    nbytes = suite.floor_bytes(4096)
+    assert nbytes == 4 * (6 * 4096 * 16 * 128 + 2 * 4096 * 128)
+    floor = time_us(nbytes, 4120.0)
+    assert floor == pytest.approx(49.884, abs=0.001)
+    row = {"S": 4096, "rel_err": 7e-8, "sol_pass": 1.0, "ok": True, "time_us": 61.0,
+           "floor_us": floor, "GBps": bandwidth_GBps(nbytes, 61.0)}
+    lines = demo.table([row], "NVIDIA H200", 4120.0)
+    assert lines[2].split() == ["4096", "7.00e-08", "100.0%", "61.0", "49.9", "1.22", "3369"]
+    assert "floor 49.9 us (1.22x; copy bandwidth 4120 GB/s)" in lines[3]
+    assert lines[4].startswith("verification: all workloads pass")
+    row["ok"] = False
+    assert demo.table([row], "NVIDIA H200", 4120.0)[2].endswith("FAILED")
