@@ -9,6 +9,7 @@
 #   tests  the whole pytest suite (GPU tests included)
 #   e2e    Qwen3-Omni vision-encoder training step: eager, kernelized, bound
 #   demo   the main job
+#   kbench `kernels benchmark` over benchmarks/benchmark.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}; mkdir -p "$OUT"
@@ -30,6 +31,7 @@ for stage in "$@"; do
     e2e)   python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
            HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e --out "$OUT" ;;
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
+    kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ ${PIPESTATUS[0]} -eq 0 ] || rc=1
