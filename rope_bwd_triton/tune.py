@@ -5,7 +5,8 @@ the package reads at run time (tuning.config_for): no autotuning at a user's cal
 For each bucket (mode x dtype x head_dim x S bucket, heads fixed) the search
 starts at the package's current configuration (the shipped tuned one, else
 default_config) and improves one parameter at a time
-(BLOCK_D, then BLOCK_S, then num_warps; at most two rounds), timing each
+(BLOCK_D, then BLOCK_S, then num_warps; at most two rounds), or with --grid tries
+every candidate (slower, but finds joint optima the coordinate search misses), timing each
 candidate with the cold-L2 timer of the benchmark on representative S values of
 the bucket. The score of a candidate is its mean time relative to the starting
 configuration's, averaged over those S. A candidate is first checked against
@@ -119,8 +120,9 @@ class Bucket:
         return [self.timer(lambda: self._run(x, out, cfg)).mean_us for x, out in self.cases]
 
 
-def tune_bucket(bucket, current, D, log):
-    """Coordinate search from the package's current config (tuned or default) for the bucket.
+def tune_bucket(bucket, current, D, log, *, grid=False):
+    """Coordinate search from the package's current config (tuned or default) for the bucket,
+    or with grid=True every candidate (the coordinate search can miss a joint optimum).
     Returns (best {BLOCK_S, BLOCK_D, num_warps}, its time relative to current, current's times)."""
     start = {k: current[k] for k in SEARCHED}
     base_times = bucket.times(current)
@@ -139,6 +141,11 @@ def tune_bucket(bucket, current, D, log):
 
     best = dict(start)
     score(best)
+    if grid:
+        grid_cfgs = ({"BLOCK_S": bs, "BLOCK_D": bd, "num_warps": w}
+                     for bd in block_d_values(D) for bs in BLOCK_S for w in NUM_WARPS)
+        best = min([best, *grid_cfgs], key=score)
+        return best, scores[_key(best)], base_times
     for _ in range(2):
         before = dict(best)
         for param, values in (("BLOCK_D", block_d_values(D)), ("BLOCK_S", BLOCK_S), ("num_warps", NUM_WARPS)):
@@ -190,7 +197,7 @@ def run(args) -> dict:
         current = tuning.config_for(mode, seq_lens[0], H, H, D, elem, device)
         bucket = Bucket(kernel, timer, mode, dtype, seq_lens, data_for(D))
         log = []
-        best, score, base_times = tune_bucket(bucket, current, D, log)
+        best, score, base_times = tune_bucket(bucket, current, D, log, grid=args.grid)
         del bucket
         report["buckets"][key] = {"start": current, "start_us": base_times, "best": best,
                                   "time_vs_start": score if score < float("inf") else None, "tried": log}
@@ -217,6 +224,8 @@ def add_arguments(parser):
     parser.add_argument("--seq-lens", type=int, nargs="+",
                         help="time at these S instead of each bucket's representatives (the key uses the first)")
     parser.add_argument("--calls", type=int, default=10, help="cold-L2 calls timed per candidate and S")
+    parser.add_argument("--grid", action="store_true",
+                        help="time every (BLOCK_S, BLOCK_D, num_warps) candidate instead of the coordinate search")
     parser.add_argument("--budget", type=float, default=270, help="seconds; buckets not started by then are skipped")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)")

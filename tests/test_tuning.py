@@ -124,13 +124,14 @@ def _interpreter_runs_loops() -> bool:
 
 
 @pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
-def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path):
+@pytest.mark.parametrize("search", [[], ["--grid"]], ids=["coordinate", "grid"])
+def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path, search):
     """The whole tune path on the CPU, in Triton's interpreter (timings meaningless);
     the package then finds the written bucket."""
     out = tmp_path / "cpu.json"
     cmd = [sys.executable, "-m", "rope_bwd_triton", "tune", "--modes", "bwd", "--dtypes", "float32",
            "--head-dims", "16", "--heads", "2", "--s-buckets", "S256", "--seq-lens", "5", "--calls", "1",
-           "--device", "cpu", "--out", str(out), "--log", str(tmp_path / "log.json")]
+           "--device", "cpu", "--out", str(out), "--log", str(tmp_path / "log.json"), *search]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -140,6 +141,9 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
     key = t.bucket("bwd", 5, 4, 16, 4)
     assert list(table) == [key] and set(table[key]) == set(SEARCHED)
     assert log["buckets"][key]["tried"] and not log["not_tuned"]
+    if search:  # every candidate timed: head_dim 16 has one BLOCK_D value (8)
+        tried = {(c["BLOCK_S"], c["BLOCK_D"], c["num_warps"]) for c in log["buckets"][key]["tried"]}
+        assert {(bs, 8, w) for bs in tune.BLOCK_S for w in tune.NUM_WARPS} <= tried
 
     monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
     t.tuned_table.cache_clear()
