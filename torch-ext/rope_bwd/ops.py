@@ -44,6 +44,7 @@ def _empty_like(t: Tensor) -> Tensor:
 
 
 def _none_marker(t: Tensor) -> Tensor:
+    """An empty tensor in place of an output that was not asked for (custom ops return tensors)."""
     return t.new_empty((0,))
 
 
