@@ -28,16 +28,21 @@ def make_inputs(S, H=HEADS, D=HEAD_DIM, *, HK=None, dtype=torch.float32, table_d
     }
 
 
-def _rotate_half(x):
+def rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def reference_vision_forward(q, k, cos, sin):
+    """transformers' apply_rotary_pos_emb_vision, in the dtype of its inputs: cos/sin [S, D]."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
 
 
 def reference_forward(q, k, embeddings):
     D = q.shape[-1]
     emb = torch.cat((embeddings, embeddings), dim=-1)[:, :D]
-    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    return reference_vision_forward(q, k, emb.cos(), emb.sin())
 
 
 def reference_backward(grad_q_embed, grad_k_embed, q, k, embeddings):

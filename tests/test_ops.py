@@ -27,9 +27,7 @@ def _inputs(S, HQ, D, dtype, device, gen, HK=None):
 def _ref_vision(q, k, cos, sin, gq, gk):
     """float64 autograd of transformers' apply_rotary_pos_emb_vision (math in float64)."""
     leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, cos, sin)]
-    qq, kk, c, s = leaves
-    c, s = c[:, None, :], s[:, None, :]
-    outs = (qq * c + suite._rotate_half(qq) * s, kk * c + suite._rotate_half(kk) * s)
+    outs = suite.reference_vision_forward(*leaves)
     grads = torch.autograd.grad(outs, leaves, [g.detach().cpu().double() for g in (gq, gk)])
     return [o.detach() for o in outs], grads
 

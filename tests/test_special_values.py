@@ -60,11 +60,6 @@ def make(fn, gen, device, *, S=5, HQ=3, HK=2, D=12, dtype=torch.float32, grads="
     return args
 
 
-def _rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
 def reference(fn, args):
     """float64: the outputs fn returns, then (autograd functions) the gradients of q, k and the table."""
     a = {n: t.detach().cpu().double() for n, t in args.items()}
@@ -73,12 +68,8 @@ def reference(fn, args):
     if fn == "rope_fwd":
         return list(suite.reference_forward(a["q"], a["k"], a["embeddings"]))
     leaves = [a[n].requires_grad_() for n in ("q", "k", *TABLES[fn])]
-    if fn == "apply_rotary_emb":
-        outs = suite.reference_forward(*leaves)
-    else:
-        q, k, cos, sin = leaves
-        c, s = cos[:, None], sin[:, None]
-        outs = (q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s)
+    forward = suite.reference_forward if fn == "apply_rotary_emb" else suite.reference_vision_forward
+    outs = forward(*leaves)
     grads = torch.autograd.grad(outs, leaves, [a["grad_q_embed"], a["grad_k_embed"]])
     return [o.detach() for o in outs] + list(grads)
 
