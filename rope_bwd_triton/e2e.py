@@ -2,8 +2,9 @@
 
 A random-init Qwen3-Omni vision encoder at real width (hidden 1152, 16 heads of
 72, MLP 4304), depth 8, bf16, sdpa attention, one image of 4096 and of 9216
-tokens; median step time over CUDA events after warm-up, three variants in one
-process, same weights and inputs:
+tokens; three variants in one process, same weights and inputs, all warmed up and
+then timed in interleaved rounds (so that drift hits all alike); median step time
+over CUDA events, plus the host time per step (is the step host-bound?):
     eager        transformers as shipped
     kernelized   the kernel loaded with kernels.get_kernel(<repo-id>, version=1) and
                  its integrations.kernelize_vision_rotary(model, mode=Mode.TRAINING)
@@ -12,6 +13,8 @@ process, same weights and inputs:
 The kernel resolves like a user's: from the Hub, or offline from a cache installed
 with `python -m rope_bwd_triton publish --to-cache DIR` and run with
 HF_HUB_OFFLINE=1 KERNELS_CACHE=DIR.
+With --profile, one more step per variant runs under torch.profiler: operator table,
+chrome trace and a kernel summary (time, launches, rotary kernels) per variant.
 
 The model factory here is shared with the parity tests (tests/test_kernelize.py).
 """
@@ -87,30 +90,103 @@ def _identity_rotary(q, k, cos, sin):
     return q, k
 
 
-def _median_ms(model, pixels, grid_thw, *, warmup, iters):
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_step(model, pixels, grid_thw):
+    """One training step from an idle device: (step ms, enqueue ms, wall ms).
+    step: CUDA events around it (on CPU, the wall time); enqueue: host time until
+    backward() returns, before the final synchronize (it includes the syncs inside the
+    step: transformers' sdpa vision attention calls .tolist() in every layer);
+    wall: host time until the device is done. enqueue close to step means host-bound."""
     cuda = pixels.is_cuda
+    model.zero_grad(set_to_none=True)
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    step(model, pixels, grid_thw)[1].backward()
+    t1 = time.perf_counter()
+    if cuda:
+        end.record()
+    _sync(pixels.device)
+    t2 = time.perf_counter()
+    wall = (t2 - t0) * 1e3
+    return (start.elapsed_time(end) if cuda else wall), (t1 - t0) * 1e3, wall
 
-    def once():
+
+def time_variants(variants, install, inputs, *, warmup, rounds, per_round):
+    """Every variant warmed up first, then `rounds` rounds of `per_round` steps of each
+    variant in turn, the order rotated each round, so that drift (clocks, temperature,
+    allocator) is shared by all variants. {variant: [(step, enqueue, wall) ms, ...]}."""
+    names = list(variants)
+    for name in names:
+        install(name)
+        for _ in range(warmup):
+            timed_step(variants[name], *inputs)
+    steps = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            install(name)
+            steps[name] += [timed_step(variants[name], *inputs) for _ in range(per_round)]
+    return steps
+
+
+def _mentions_rotary(event):
+    """Whether the event or an operator it runs inside has 'rotary' in its name."""
+    while event is not None:
+        if "rotary" in event.name:
+            return True
+        event = event.cpu_parent
+    return False
+
+
+def profile_summary(events, cuda):
+    """What one profiled step ran. On CUDA: the GPU kernels (time, count; memcpy/memset
+    counted apart) and those whose name mentions rotary (ours is rotary_kernel). On CPU,
+    which has no kernels, the leaf operators stand in for them (their CPU time), and the
+    rotary ones are those inside an operator whose name mentions rotary."""
+    from torch.autograd import DeviceType
+
+    if cuda:
+        device = [e for e in events if e.device_type == DeviceType.CUDA]
+        copies = [e for e in device if e.name.startswith(("Memcpy", "Memset"))]
+        kernels = [e for e in device if not e.name.startswith(("Memcpy", "Memset"))]
+        rotary = [e for e in kernels if "rotary" in e.name]
+        ms = lambda evs: sum(e.time_range.elapsed_us() for e in evs) / 1e3  # noqa: E731
+    else:
+        ops = [e for e in events if e.device_type == DeviceType.CPU and not e.is_async]
+        kernels, copies = [e for e in ops if not e.cpu_children], []
+        rotary = [e for e in kernels if _mentions_rotary(e)]
+        ms = lambda evs: sum(e.cpu_time_total for e in evs) / 1e3  # noqa: E731
+    return {"kernel_ms": ms(kernels), "launches": len(kernels), "rotary_ms": ms(rotary),
+            "rotary_launches": len(rotary), "memcpy_memset": len(copies), "copy_ms": ms(copies)}
+
+
+def profile_step(model, pixels, grid_thw, path_stem: Path):
+    """One step under torch.profiler: writes <stem>.txt (operator table) and
+    <stem>.json.gz (chrome trace); returns profile_summary."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = pixels.is_cuda
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
         model.zero_grad(set_to_none=True)
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            t0 = time.perf_counter()
         step(model, pixels, grid_thw)[1].backward()
-        if cuda:
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end)
-        return (time.perf_counter() - t0) * 1e3
-
-    for _ in range(warmup):
-        once()
-    return statistics.median(once() for _ in range(iters))
+        _sync(pixels.device)
+    sort_by = "device_time_total" if cuda else "cpu_time_total"
+    path_stem.with_suffix(".txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=25) + "\n")
+    prof.export_chrome_trace(str(path_stem) + ".json.gz")
+    summary = profile_summary(prof.events(), cuda)
+    summary.update(table=path_stem.name + ".txt", trace=path_stem.name + ".json.gz")
+    return summary
 
 
-def run(*, tokens, repo_id, device, dtype, model_config, warmup, iters):
-    """{tokens: {variant: median ms}}; transformers' rotary is restored afterwards."""
+def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_round, profile_dir=None):
+    """{tokens: {variant: {"steps": [(step, enqueue, wall) ms, ...], "profile": summary}}}
+    ("profile" only with profile_dir); transformers' rotary is restored afterwards."""
     import kernels
 
     rope = kernels.get_kernel(repo_id, version=1, trust_remote_code=True)
@@ -125,45 +201,103 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, iters):
         if layer.forward.__func__ is not rope.layers.ApplyRotaryPosEmbVision.forward:
             raise RuntimeError("kernelize kept transformers' rotary: no kernel would be timed")
         # The rotary is a module global shared by every model of the family: each
-        # variant installs its own just for its timing.
-        variants = {"eager": (eager, original), "kernelized": (kernelized, layer), "identity": (eager, _identity_rotary)}
+        # variant installs its own before its steps.
+        models = {"eager": eager, "kernelized": kernelized, "identity": eager}
+        rotaries = {"eager": original, "kernelized": layer, "identity": _identity_rotary}
+
+        def install(name):
+            modeling.apply_rotary_pos_emb_vision = rotaries[name]
+
         results = {}
         for n in tokens:
             inputs = make_images(eager, [square_grid(n, eager.config.spatial_merge_size)])
-            results[n] = {}
-            for name, (model, fn) in variants.items():
-                modeling.apply_rotary_pos_emb_vision = fn
-                results[n][name] = _median_ms(model, *inputs, warmup=warmup, iters=iters)
+            steps = time_variants(models, install, inputs, warmup=warmup, rounds=rounds, per_round=per_round)
+            results[n] = {name: {"steps": s} for name, s in steps.items()}
+            if profile_dir is not None:
+                for name in models:
+                    install(name)
+                    results[n][name]["profile"] = profile_step(models[name], *inputs, profile_dir / f"profile-{n}-{name}")
         return results
     finally:
         rope.integrations.restore_transformers()
 
 
-def markdown(results, meta) -> str:
+def summarize(results, rounds):
+    """JSON-ready: medians per variant over all timed steps, and per round (drift)."""
+    med = statistics.median
+    out = {"results_ms": {}, "host_ms": {}, "round_medians_ms": {}}
+    for n, row in results.items():
+        out["results_ms"][n] = {v: med(s[0] for s in r["steps"]) for v, r in row.items()}
+        out["host_ms"][n] = {v: {"enqueue": med(s[1] for s in r["steps"]), "wall": med(s[2] for s in r["steps"])}
+                             for v, r in row.items()}
+        out["round_medians_ms"][n] = {}
+        for v, r in row.items():
+            k = len(r["steps"]) // rounds
+            out["round_medians_ms"][n][v] = [med(s[0] for s in r["steps"][i * k:(i + 1) * k]) for i in range(rounds)]
+        if any("profile" in r for r in row.values()):
+            out.setdefault("profile", {})[n] = {v: r["profile"] for v, r in row.items()}
+    return out
+
+
+def markdown(report, meta) -> str:
+    timer = "CUDA events" if meta["device"] != "CPU" else "wall clock"
     lines = [
         f"Qwen3-Omni vision encoder training step (fwd+bwd), {meta['device']}, {meta['dtype']}, "
-        f"{meta['model']}; median of {meta['iters']} steps after {meta['warmup']} warm-up "
+        f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
+        f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
         f"(torch {meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}).",
         "",
         "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) | kernelized vs bound | speedup vs eager |",
         "|---|---|---|---|---|---|",
     ]
-    for n, r in results.items():
+    for n, r in report["results_ms"].items():
         lines.append(
             f"| {n} | {r['eager']:.2f} ms | {r['kernelized']:.2f} ms | {r['identity']:.2f} ms "
             f"| {100 * (r['kernelized'] / r['identity'] - 1):+.1f}% | {r['eager'] / r['kernelized']:.3f}x |"
         )
+    profile = report.get("profile", {})
+    lines += [
+        "",
+        "Per variant: host enqueue = time until backward() returns, before the final synchronize "
+        "(it includes the syncs inside the step: the sdpa vision attention calls .tolist() in every "
+        "layer; close to the step time means host-bound), host wall = until the device is done; "
+        "rounds = the lowest and highest per-round median."
+        + (" Kernels: one more step under torch.profiler"
+           + (" (on CPU: the leaf operators, rotary = inside a rotary operator)" if meta["device"] == "CPU"
+              else " (memcpy/memset not counted), rotary = kernels whose name mentions rotary")
+           + "; idle = step - kernel time, the device waiting for the host." if profile else ""),
+        "",
+        "| tokens | variant | step | host enqueue | host wall | rounds"
+        + (" | kernel time | idle | kernels | rotary kernels (count) |" if profile else " |"),
+        "|---|---|---|---|---|---" + ("|---|---|---|---|" if profile else "|"),
+    ]
+    for n, r in report["results_ms"].items():
+        for v, ms in r.items():
+            host, rm = report["host_ms"][n][v], report["round_medians_ms"][n][v]
+            line = (f"| {n} | {v} | {ms:.2f} ms | {host['enqueue']:.2f} ms | {host['wall']:.2f} ms "
+                    f"| {min(rm):.2f}-{max(rm):.2f} ms |")
+            if n in profile:
+                p = profile[n][v]
+                line += (f" {p['kernel_ms']:.2f} ms | {ms - p['kernel_ms']:.2f} ms | {p['launches']} "
+                         f"| {p['rotary_ms']:.3f} ms ({p['rotary_launches']}) |")
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
 def add_arguments(parser):
     parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 9216], help="tokens per image (square)")
     parser.add_argument("--repo-id", default=None, help="the kernel to load (default: build.toml's repo-id)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5, help="warm-up steps per variant, before any timing")
+    parser.add_argument("--iters", type=int, default=20, help="timed steps per variant in all (a multiple of --rounds)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved rounds: each times iters/rounds steps of every variant in turn")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timing, one more step per variant under torch.profiler: "
+                             "profile-<tokens>-<variant>.txt and .json.gz under --out, summary in e2e.json")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for e2e.json and e2e.md")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny encoder, 64 tokens, 1+2 steps, on CPU without a GPU: exercises the code path only")
+                        help="tiny encoder, 64 tokens, 1 warm-up, 2 rounds of 2 steps, on CPU without a GPU: "
+                             "exercises the code path only")
 
 
 def main(args) -> int:
@@ -175,23 +309,28 @@ def main(args) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
     if args.quick:
-        config, tokens, warmup, iters = QUICK_OMNI, [64], 1, 2
+        config, tokens, warmup, iters, rounds = QUICK_OMNI, [64], 1, 4, 2
     else:
-        config, tokens, warmup, iters = REAL_OMNI, args.tokens, args.warmup, args.iters
+        config, tokens, warmup, iters, rounds = REAL_OMNI, args.tokens, args.warmup, args.iters, args.rounds
+    if rounds < 1 or iters < rounds or iters % rounds:
+        raise SystemExit(f"--iters ({iters}) must be a positive multiple of --rounds ({rounds})")
     args.repo_id = args.repo_id or repo_id()
+    args.out.mkdir(parents=True, exist_ok=True)
     results = run(tokens=tokens, repo_id=args.repo_id, device=device, dtype=dtype, model_config=config,
-                  warmup=warmup, iters=iters)
+                  warmup=warmup, rounds=rounds, per_round=iters // rounds,
+                  profile_dir=args.out if args.profile else None)
     meta = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
         "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "iters": iters,
+        "rounds": rounds, "steps_per_round": iters // rounds,
         "model": ", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
         "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
         "repo_id": args.repo_id,
     }
-    md = markdown(results, meta)
+    report = summarize(results, rounds)
+    md = markdown(report, meta)
     print(md)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "e2e.json").write_text(json.dumps({"meta": meta, "results_ms": results}, indent=2) + "\n")
+    (args.out / "e2e.json").write_text(json.dumps({"meta": meta, **report}, indent=2) + "\n")
     (args.out / "e2e.md").write_text(md)
     print(f"wrote {args.out / 'e2e.json'} and {args.out / 'e2e.md'}")
     return 0

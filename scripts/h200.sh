@@ -8,6 +8,7 @@
 #   scaling  benchmark, S = 16384 / 65536 and head_dim 72 / 80
 #   tests  the whole pytest suite (GPU tests included)
 #   e2e    Qwen3-Omni vision-encoder training step: eager, kernelized, bound
+#          (E2E_ARGS, default --rounds 10 --iters 50 --profile: traces under $OUT)
 #   demo   the main job
 #   kbench `kernels benchmark` over benchmarks/benchmark.py
 set -uo pipefail
@@ -29,7 +30,7 @@ for stage in "$@"; do
     scaling) python3 -m rope_bwd_triton bench --set scaling --json "$OUT/bench-scaling.json" --markdown "$OUT/scaling.md" --plot "$OUT/scaling.png" ;;
     tests) python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
     e2e)   python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
-           HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e --out "$OUT" ;;
+           HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e ${E2E_ARGS:---rounds 10 --iters 50 --profile} --out "$OUT" ;;
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
     *) echo "unknown stage $stage"; rc=2 ;;

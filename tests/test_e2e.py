@@ -1,25 +1,66 @@
 """The end-to-end command on a tiny encoder: exercises the code path (CPU numbers mean
 nothing), loading the kernel the way a user does, offline from a Hub cache."""
 
+import gzip
 import json
 import os
 import subprocess
 import sys
 
-from rope_bwd_triton import REPO_ROOT, publish
+from rope_bwd_triton import REPO_ROOT, e2e, publish
+
+VARIANTS = ("eager", "kernelized", "identity")
 
 
 def test_e2e_quick(tmp_path):
     publish.install_build(tmp_path / "cache")
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "TRITON_INTERPRET")}
     env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"), HF_HUB_CACHE=str(tmp_path / "hub"))
+    out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "rope_bwd_triton", "e2e", "--quick", "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "rope_bwd_triton", "e2e", "--quick", "--profile", "--out", str(out)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((tmp_path / "out" / "e2e.json").read_text())
-    (row,) = report["results_ms"].values()
-    assert set(row) == {"eager", "kernelized", "identity"} and all(v > 0 for v in row.values())
-    md = (tmp_path / "out" / "e2e.md").read_text()
+    report = json.loads((out / "e2e.json").read_text())
+    assert report["meta"]["rounds"] * report["meta"]["steps_per_round"] == report["meta"]["iters"]
+    (n, row), = report["results_ms"].items()
+    assert set(row) == set(VARIANTS) and all(v > 0 for v in row.values())
+    for v in VARIANTS:
+        host = report["host_ms"][n][v]
+        assert 0 < host["enqueue"] <= host["wall"]
+        rounds = report["round_medians_ms"][n][v]
+        assert len(rounds) == report["meta"]["rounds"] and all(r > 0 for r in rounds)
+        assert min(rounds) <= row[v] <= max(rounds)
+
+    profile = report["profile"][n]
+    for v in VARIANTS:
+        p = profile[v]
+        assert p["kernel_ms"] > 0 and p["launches"] > 0
+        assert 0 <= p["rotary_ms"] <= p["kernel_ms"] and 0 <= p["rotary_launches"] <= p["launches"]
+        table = (out / p["table"]).read_text()
+        assert p["table"] == f"profile-{n}-{v}.txt" and "Name" in table and "aten::" in table
+        trace = json.loads(gzip.decompress((out / p["trace"]).read_bytes()))
+        assert trace["traceEvents"]
+    # Only the kernelized step runs an operator named rotary; the identity rotary runs less than eager.
+    assert profile["kernelized"]["rotary_launches"] > 0 and profile["kernelized"]["rotary_ms"] > 0
+    assert profile["eager"]["rotary_launches"] == profile["identity"]["rotary_launches"] == 0
+    assert profile["identity"]["launches"] < profile["eager"]["launches"]
+
+    md = (out / "e2e.md").read_text()
     assert "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) |" in md
+    assert "| tokens | variant | step | host enqueue | host wall | rounds | kernel time | idle | kernels |" in md
+    assert sum(line.startswith(f"| {n} | ") for line in md.splitlines()) == 1 + len(VARIANTS)
+
+
+def test_rounds_interleave_and_rotate(monkeypatch):
+    """All variants warmed up before any timing; each round times every variant in turn,
+    starting one later each round."""
+    calls, installed = [], []
+    monkeypatch.setattr(e2e, "timed_step", lambda model, *inputs: calls.append(model) or (1.0, 0.5, 1.0))
+    steps = e2e.time_variants({"a": "A", "b": "B", "c": "C"}, installed.append, (), warmup=1, rounds=3, per_round=2)
+    assert "".join(calls) == "ABC" + "AABBCC" + "BBCCAA" + "CCAABB"
+    assert "".join(installed) == "abc" + "abc" + "bca" + "cab"
+    assert {k: len(v) for k, v in steps.items()} == {"a": 6, "b": 6, "c": 6}
+    report = e2e.summarize({7: {k: {"steps": v} for k, v in steps.items()}}, rounds=3)
+    assert report["round_medians_ms"][7]["a"] == [1.0, 1.0, 1.0] and "profile" not in report
