@@ -15,8 +15,13 @@ gradient element, the tables stay fp32 and count 4):
     bwd_bf16  full backward, bf16 gradients/q/k, fp32 embeddings
     fwd, fwd_bf16   the fused forward
 
+Each call is timed by two methods at once (timing.py): the kernel span (CUPTI)
+and CUDA events; --timer picks the primary figure (ratios, floors, plot), and the
+JSON and the suite-mean table carry the other one too.
+
 On a machine without CUDA it runs on the CPU to exercise the code path only
-(`--quick`): no cold L2, no events, Liger skipped; the numbers mean nothing.
+(`--quick`): wall clock, no cold L2, no second figure, Liger skipped; the numbers
+mean nothing.
 """
 
 import json
@@ -293,7 +298,7 @@ def measure(args) -> dict:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kernel = load_kernel()
-    timer = ColdL2Timer(device, calls=args.calls)
+    timer = ColdL2Timer(device, calls=args.calls, primary=args.timer)
     copy = copy_bandwidth(timer, args.copy_mib << 20)
     peers = set(args.peers)
     impls = [i for i in IMPLS if i.peer is None or i.peer in peers]
@@ -302,7 +307,7 @@ def measure(args) -> dict:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
         "device": str(device), "kernel_variant": kernel.__name__, "versions": _versions(),
-        "calls": args.calls, "timer": timer.method,
+        "calls": args.calls, "timer": timer.method, "timer_other": timer.other,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -340,6 +345,9 @@ def summarize(run) -> dict:
         floor = statistics.fmean(w["floors"][info["task"]]["us"] for w in group)
         mean = statistics.fmean(times)
         out["impls"][name] = {"mean_us": mean, "floor_us": floor, "x_floor": mean / floor}
+        others = [w["results"][name]["time"].get("other") for w in group]
+        if all(others):  # the same calls by the timer's other method (none on the CPU)
+            out["impls"][name]["other_mean_us"] = statistics.fmean(o["mean_us"] for o in others)
     return out
 
 
@@ -353,6 +361,25 @@ def _table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _suite_table(run) -> list:
+    """The suite-mean table's markdown lines (none without a summary)."""
+    summary, impls = run["summary"], run["impls"]
+    if not summary.get("impls"):
+        return []
+    lines = [f"### Mean over {summary['over']}", ""]
+    rows = []
+    for name, s in summary["impls"].items():
+        task = impls[name]["task"]
+        ours = summary["impls"].get("ours_" + task)
+        vs = f"{s['mean_us'] / ours['mean_us']:.2f}" if ours and not name.startswith("ours") else ""
+        other = f"{s['other_mean_us']:.1f}" if "other_mean_us" in s else "—"
+        rows.append([impls[name]["label"], TASKS[task][0], f"{s['mean_us']:.1f}", f"{s['floor_us']:.1f}",
+                     f"{s['x_floor']:.2f}", vs, other])
+    other_header = f"mean us by {run['meta'].get('timer_other') or 'the other timer'}"
+    return lines + [_table(["implementation", "task", "mean us", "floor us", "x floor", "time / ours", other_header],
+                           rows), ""]
 
 
 def _run_markdown(run) -> str:
@@ -373,17 +400,7 @@ def _run_markdown(run) -> str:
         f"({copy['bytes'] >> 20} MiB buffer).",
         "",
     ]
-    summary = run["summary"]
-    if summary.get("impls"):
-        lines += [f"### Mean over {summary['over']}", ""]
-        rows = []
-        for name, s in summary["impls"].items():
-            task = impls[name]["task"]
-            ours = summary["impls"].get("ours_" + task)
-            vs = f"{s['mean_us'] / ours['mean_us']:.2f}" if ours and not name.startswith("ours") else ""
-            rows.append([impls[name]["label"], TASKS[task][0], f"{s['mean_us']:.1f}", f"{s['floor_us']:.1f}",
-                         f"{s['x_floor']:.2f}", vs])
-        lines += [_table(["implementation", "task", "mean us", "floor us", "x floor", "time / ours"], rows), ""]
+    lines += _suite_table(run)
 
     groups = [
         ("Backward, fp32: us per call (x floor)", ["bwd", "bwd_qk"]),
@@ -426,9 +443,13 @@ def _run_markdown(run) -> str:
 
 METHOD = """\
 Method (DESIGN.md section 6): GPU time of one call on a cold L2 (a buffer of 2x the
-L2 size is zeroed before each call), CUDA events around the call with the GPU kept
-busy by `torch.cuda._sleep` while the host enqueues, mean over the calls of a
-workload; each implementation is verified against a float64 evaluation of the math
+L2 size is zeroed before each call), the GPU kept busy by `torch.cuda._sleep` while
+the host enqueues, mean over the calls of a workload. Each call is timed two ways
+at once: the kernel span (as SOL-ExecBench: from the start of the first kernel,
+memset or memcpy the call launched to the end of the last, read from CUPTI through
+torch.profiler) and CUDA events around the call; the Timer line of a run says which
+is the primary figure (ratios, floor, plot), the suite-mean table shows the other's
+mean too. Each implementation is verified against a float64 evaluation of the math
 (all token rows, or a random sample of `--verify-tokens` rows for large S) before
 it is timed. Byte floor = bytes that must move (suite.floor_bytes) / copy bandwidth
 measured in the same run; bf16 tasks count 2 bytes per q/k/gradient element, the
@@ -508,6 +529,8 @@ def add_arguments(parser):
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny CPU-friendly run that exercises the code path ({QUICK})")
     parser.add_argument("--calls", type=int, default=None, help="timed calls per workload (default 40)")
+    parser.add_argument("--timer", choices=("events", "span"), default="span",
+                        help="primary figure: kernel span (CUPTI) or CUDA events; both are recorded (default: span)")
     parser.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p], default=list(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)} (default: all)")
     parser.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024)")
