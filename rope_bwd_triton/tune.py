@@ -5,7 +5,7 @@ the package reads at run time (tuning.config_for): no autotuning at a user's cal
 For each bucket (mode x dtype x head_dim x S bucket, heads fixed) the search
 starts at the package's current configuration (the shipped tuned one, else
 default_config) and improves one parameter at a time
-(BLOCK_D, then BLOCK_S, then num_warps; at most two rounds), or with --grid tries
+(BLOCK_D, BLOCK_R, BLOCK_S, then num_warps; at most two rounds), or with --grid tries
 every candidate (slower, but finds joint optima the coordinate search misses), timing each
 candidate with the cold-L2 timer of the benchmark on representative S values of
 the bucket. The score of a candidate is its mean time relative to the starting
@@ -29,8 +29,8 @@ HEAD_DIMS = (128, 72, 80)
 S_REPS = {"S256": (131, 256), "S1024": (613, 1024), "S4096": (2213, 4096), "S16384": (16384,), "Sbig": (65536,)}
 BLOCK_S = (1, 2, 4, 8)
 NUM_WARPS = (1, 2, 4, 8)
-MAX_TILE = 16384  # elements of a BLOCK_S x BLOCK_R x BLOCK_D tile; more only spills registers
-SEARCHED = ("BLOCK_S", "BLOCK_D", "num_warps")  # what a tuned entry holds; the rest is the package's rule
+MAX_TILE = 8192  # elements of a BLOCK_S x BLOCK_R x BLOCK_D tile; more only spills registers
+SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")  # what a tuned entry holds
 VERIFY_ROWS = 256
 
 
@@ -51,8 +51,14 @@ def block_d_values(D):
     return out
 
 
-def candidate_ok(cfg, block_r):
-    return cfg["BLOCK_S"] * block_r * cfg["BLOCK_D"] <= MAX_TILE
+def block_r_values(R):
+    """Heads of q plus k per chunk: 2 up to all of them (at most 32)."""
+    top = min(1 << max(1, (R - 1).bit_length()), 32)
+    return [1 << i for i in range(1, top.bit_length())]
+
+
+def candidate_ok(cfg):
+    return cfg["BLOCK_S"] * cfg["BLOCK_R"] * cfg["BLOCK_D"] <= MAX_TILE
 
 
 def _key(cfg):
@@ -120,10 +126,10 @@ class Bucket:
         return [self.timer(lambda: self._run(x, out, cfg)).mean_us for x, out in self.cases]
 
 
-def tune_bucket(bucket, current, D, log, *, grid=False):
+def tune_bucket(bucket, current, D, R, log, *, grid=False):
     """Coordinate search from the package's current config (tuned or default) for the bucket,
     or with grid=True every candidate (the coordinate search can miss a joint optimum).
-    Returns (best {BLOCK_S, BLOCK_D, num_warps}, its time relative to current, current's times)."""
+    Returns (best {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}, its time relative to current, current's times)."""
     start = {k: current[k] for k in SEARCHED}
     base_times = bucket.times(current)
     scores = {}
@@ -131,7 +137,7 @@ def tune_bucket(bucket, current, D, log, *, grid=False):
     def score(cfg):
         if _key(cfg) not in scores:
             full = {**current, **cfg}
-            if not candidate_ok(cfg, current["BLOCK_R"]) or not bucket.correct(full):
+            if not candidate_ok(full) or not bucket.correct(full):
                 scores[_key(cfg)] = float("inf")
             else:
                 t = bucket.times(full)
@@ -142,13 +148,14 @@ def tune_bucket(bucket, current, D, log, *, grid=False):
     best = dict(start)
     score(best)
     if grid:
-        grid_cfgs = ({"BLOCK_S": bs, "BLOCK_D": bd, "num_warps": w}
-                     for bd in block_d_values(D) for bs in BLOCK_S for w in NUM_WARPS)
+        grid_cfgs = ({"BLOCK_S": bs, "BLOCK_D": bd, "BLOCK_R": br, "num_warps": w}
+                     for bd in block_d_values(D) for br in block_r_values(R) for bs in BLOCK_S for w in NUM_WARPS)
         best = min([best, *grid_cfgs], key=score)
         return best, scores[_key(best)], base_times
     for _ in range(2):
         before = dict(best)
-        for param, values in (("BLOCK_D", block_d_values(D)), ("BLOCK_S", BLOCK_S), ("num_warps", NUM_WARPS)):
+        for param, values in (("BLOCK_D", block_d_values(D)), ("BLOCK_R", block_r_values(R)), ("BLOCK_S", BLOCK_S),
+                              ("num_warps", NUM_WARPS)):
             # the current value stays a candidate even when the grid lacks it (a default's BLOCK_S=16)
             best = min(({**best, param: v} for v in sorted({*values, best[param]})), key=score)
         if best == before:
@@ -198,7 +205,7 @@ def run(args) -> dict:
         current = tuning.config_for(mode, seq_lens[0], H, H, D, elem, device)
         bucket = Bucket(kernel, timer, mode, dtype, seq_lens, data_for(D))
         log = []
-        best, score, base_times = tune_bucket(bucket, current, D, log, grid=args.grid)
+        best, score, base_times = tune_bucket(bucket, current, D, 2 * H, log, grid=args.grid)
         del bucket
         report["buckets"][key] = {"start": current, "start_us": base_times, "best": best,
                                   "time_vs_start": score if score < float("inf") else None, "tried": log}
@@ -226,7 +233,7 @@ def add_arguments(parser):
                         help="time at these S instead of each bucket's representatives (the key uses the first)")
     parser.add_argument("--calls", type=int, default=10, help="cold-L2 calls timed per candidate and S")
     parser.add_argument("--grid", action="store_true",
-                        help="time every (BLOCK_S, BLOCK_D, num_warps) candidate instead of the coordinate search")
+                        help="time every (BLOCK_S, BLOCK_D, BLOCK_R, num_warps) candidate instead of the coordinate search")
     parser.add_argument("--budget", type=float, default=270, help="seconds; buckets not started by then are skipped")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)")

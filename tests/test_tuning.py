@@ -12,7 +12,7 @@ import torch
 
 from rope_bwd_triton import REPO_ROOT, tune
 
-SEARCHED = ("BLOCK_S", "BLOCK_D", "num_warps")
+SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")
 
 
 def _pow2(n):
@@ -34,25 +34,18 @@ def tuning(kernel, monkeypatch, tmp_path):
     t.tuned_table.cache_clear()
 
 
-def _split(cfg):
-    return {k: cfg[k] for k in SEARCHED}, {k: v for k, v in cfg.items() if k not in SEARCHED}
-
-
 @pytest.mark.kernels_ci
 def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
     S, H, D = 2213, 16, 128
-    tuned = {"BLOCK_S": 2, "BLOCK_D": 16, "num_warps": 1}
+    tuned = {"BLOCK_S": 2, "BLOCK_D": 16, "BLOCK_R": 4, "num_warps": 2}
     key = tuning.bucket("bwd", S, 2 * H, D, 4)
     assert tuning.device_file("Fake GPU 9000") == tmp_path / "Fake_GPU_9000.json"
     (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({key: tuned}))
 
-    cfg = tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu"))
-    searched, rest = _split(cfg)
-    assert searched == tuned
-    # the head blocking is the package's rule, tuned or not
-    assert rest == _split(tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")))[1]
-    # another S of the same bucket shares the entry
-    assert _split(tuning.config_for("bwd", 4096, H, H, D, 4, torch.device("cpu")))[0] == tuned
+    assert tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu")) == tuned
+    # another S of the same bucket shares the entry; another dtype is another bucket
+    assert tuning.config_for("bwd", 4096, H, H, D, 4, torch.device("cpu")) == tuned
+    assert tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config(S, 2 * H, D, 2, 132)
 
 
 @pytest.mark.kernels_ci
@@ -61,9 +54,9 @@ def test_falls_back_to_default_config(tuning, tmp_path, case):
     S, H, D = 1024, 16, 72
     if case == "unknown bucket":
         other = tuning.bucket("fwd", S, 2 * H, 128, 4)
-        (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({other: {"BLOCK_S": 8, "BLOCK_D": 8, "num_warps": 1}}))
+        (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({other: {"BLOCK_S": 8, "BLOCK_D": 8, "BLOCK_R": 2, "num_warps": 1}}))
     cfg = tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu"))
-    assert _split(cfg)[0] == tuning.default_config(S, 2 * H, D, 132)
+    assert cfg == tuning.default_config(S, 2 * H, D, 4, 132)
 
 
 @pytest.mark.kernels_ci
@@ -71,11 +64,14 @@ def test_falls_back_to_default_config(tuning, tmp_path, case):
 @pytest.mark.parametrize("R", [2, 17, 32, 130])
 @pytest.mark.parametrize("D", [2, 16, 72, 80, 128, 256])
 @pytest.mark.parametrize("S", [1, 7, 128, 131, 1024, 4096, 65536])
-def test_default_config_is_valid_and_fills_the_gpu(kernel, S, R, D, n_sm):
-    cfg = kernel.tuning.default_config(S, R, D, n_sm)
+@pytest.mark.parametrize("elem", [2, 4])
+def test_default_config_is_valid_and_fills_the_gpu(kernel, S, R, D, n_sm, elem):
+    cfg = kernel.tuning.default_config(S, R, D, elem, n_sm)
     half = D // 2
-    assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"])
+    assert set(cfg) == set(SEARCHED)
+    assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and _pow2(cfg["BLOCK_R"])
     assert cfg["BLOCK_D"] <= _next_pow2(half)
+    assert 2 <= cfg["BLOCK_R"] <= max(2, _next_pow2(R))
     assert cfg["num_warps"] in (1, 2, 4, 8, 16)
     programs = -(-S // cfg["BLOCK_S"]) * -(-half // cfg["BLOCK_D"])
     # as many programs as 4 per SM, or as many as the shape allows at 16 channels per program
@@ -94,6 +90,7 @@ def test_shipped_configs_are_valid_and_ship_in_the_build(kernel):
             D = int(re.search(r"-D(\d+)-", key).group(1))
             assert set(cfg) == set(SEARCHED), (path.name, key)
             assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and cfg["BLOCK_D"] <= _next_pow2(D // 2)
+            assert _pow2(cfg["BLOCK_R"]) and cfg["BLOCK_R"] >= 2, (path.name, key)
             assert cfg["num_warps"] in (1, 2, 4, 8, 16), (path.name, key)
 
 
@@ -102,8 +99,11 @@ def test_tune_candidates_and_merge(tmp_path):
     assert tune.block_d_values(128) == [8, 16, 32, 64]
     assert tune.block_d_values(72) == [8, 16, 32, 64]
     assert tune.block_d_values(16) == [8]
-    assert tune.candidate_ok({"BLOCK_S": 8, "BLOCK_D": 64}, 32)
-    assert not tune.candidate_ok({"BLOCK_S": 8, "BLOCK_D": 128}, 32)
+    assert tune.block_r_values(32) == [2, 4, 8, 16, 32]
+    assert tune.block_r_values(2) == [2]
+    assert tune.block_r_values(5) == [2, 4, 8]
+    assert tune.candidate_ok({"BLOCK_S": 4, "BLOCK_D": 64, "BLOCK_R": 32})
+    assert not tune.candidate_ok({"BLOCK_S": 8, "BLOCK_D": 64, "BLOCK_R": 32})
     path = tmp_path / "gpu.json"
     tune.merge_write(path, {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 2}})
     tune.merge_write(path, {"b": {"BLOCK_S": 4}})
@@ -141,13 +141,13 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
     key = t.bucket("bwd", 5, 4, 16, 4)
     assert list(table) == [key] and set(table[key]) == set(SEARCHED)
     assert log["buckets"][key]["tried"] and not log["not_tuned"]
-    if search:  # every candidate timed: head_dim 16 has one BLOCK_D value (8)
-        tried = {(c["BLOCK_S"], c["BLOCK_D"], c["num_warps"]) for c in log["buckets"][key]["tried"]}
-        assert {(bs, 8, w) for bs in tune.BLOCK_S for w in tune.NUM_WARPS} <= tried
+    if search:  # every candidate timed: head_dim 16 has one BLOCK_D value (8), 2+2 heads two BLOCK_R values
+        tried = {tuple(c[k] for k in SEARCHED) for c in log["buckets"][key]["tried"]}
+        assert {(bs, 8, br, w) for bs in tune.BLOCK_S for br in (2, 4) for w in tune.NUM_WARPS} <= tried
 
     monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
     t.tuned_table.cache_clear()
     try:
-        assert _split(t.config_for("bwd", 5, 2, 2, 16, 4, torch.device("cpu")))[0] == table[key]
+        assert t.config_for("bwd", 5, 2, 2, 16, 4, torch.device("cpu")) == table[key]
     finally:
         t.tuned_table.cache_clear()

@@ -9,15 +9,15 @@ Layout (any strides, element units; the kernel takes every stride as an argument
     G0, G1 [S, D]                    its gradient: grad angles (G1 unused) or grad cos, grad sin
 
 A program owns BLOCK_S tokens x BLOCK_D channels of the first half and their
-partners (d + D/2), for every head of q and k. The heads of q and k are stacked
-as rows of one tile (row r < HQ is q head r, else k head r - HQ), so a program
-issues all its loads before any store: separate q and k phases would serialize,
-since the compiler cannot prove that the q outputs do not alias the k inputs.
-Each half is read once and the partner comes from registers; cos/sin are
-evaluated once per token row and reused for all heads; the table gradient is
-a sum over rows in registers, in a fixed order (deterministic, no atomics).
-Splitting the half dimension into chunks gives small-S launches enough
-programs to fill the GPU.
+partners (d + D/2), for every head of q and k, taken BLOCK_R // 2 q heads plus
+as many k heads at a time. Within such a chunk every load of both sides comes
+before any store: a q phase followed by a k phase would serialize, since the
+compiler cannot prove that the q outputs do not alias the k inputs. Each half is
+read once and the partner comes from registers; cos/sin are evaluated once per
+token row and reused for all heads; the table gradient is a sum over heads in
+registers, in a fixed order (deterministic, no atomics). Small tiles on one
+warp measured fastest on the H200 (many programs in flight per SM); splitting
+the half dimension gives small-S launches enough programs to fill the GPU.
 
 Token and head strides and D/2 arrive divided by V (a power of two dividing all
 of them) and are multiplied by the constexpr V here: Triton only knows that a
@@ -25,6 +25,7 @@ runtime integer is a multiple of 16, so without this a head_dim of 72 or 80
 would get scalar instead of vector loads. No eviction hints: measured slower.
 """
 
+import functools
 import math
 
 import triton
@@ -32,10 +33,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _rows(base_q, base_k, r, HQ, s_h_q, s_h_k):
-    """Pointers of tile rows: q head r for r < HQ, else k head r - HQ."""
-    is_q = r < HQ
-    return tl.where(is_q, base_q + r * s_h_q, base_k + (r - HQ) * s_h_k)
+def _load_halves(base, s_h, h, half_off, mask):
+    """Both halves of heads h (float32): base points at [tokens, 1, channels] of head 0."""
+    ptr = base + h * s_h
+    a = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(ptr + half_off, mask=mask, other=0.0).to(tl.float32)
+    return a, b
+
+
+@triton.jit
+def _store_halves(base, s_h, h, half_off, y1, y2, mask):
+    ptr = base + h * s_h
+    tl.store(ptr, y1.to(base.dtype.element_ty), mask=mask)
+    tl.store(ptr + half_off, y2.to(base.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -67,7 +77,10 @@ def rotary_kernel(
     st1_s *= V
     sg0_s *= V
     sg1_s *= V
-    # int64 token index: S*H*D may pass 2^31 elements.
+    BLOCK_H: tl.constexpr = BLOCK_R // 2  # heads per side in one chunk
+    # Sides that are neither written nor summed for the table are not read.
+    READ_Q: tl.constexpr = WRITE_Q or GRAD_TABLE
+    READ_K: tl.constexpr = WRITE_K or GRAD_TABLE
     s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_sd = (s[:, None] < S) & (d[None, :] < HALF)
@@ -103,35 +116,31 @@ def rotary_kernel(
     s3 = s[:, None, None]
     d3 = d[None, None, :]
     m_sd = mask_sd[:, None, :]
-    for r0 in range(0, HQ + HK, BLOCK_R):
-        r = (r0 + tl.arange(0, BLOCK_R))[None, :, None]
-        is_q = r < HQ
-        in_rows = r < HQ + HK
-        written = (is_q & WRITE_Q) | ((~is_q) & WRITE_K)
-        # Rows that are neither written nor summed for the table are not read.
-        mask = m_sd & in_rows & (written | GRAD_TABLE)
-        x = _rows(X_q + s3 * sxq_s + d3 * sxq_d, X_k + s3 * sxk_s + d3 * sxk_d, r, HQ, sxq_h, sxk_h)
-        x_half = tl.where(is_q, HALF * sxq_d, HALF * sxk_d)
-        x1 = tl.load(x, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x + x_half, mask=mask, other=0.0).to(tl.float32)
+    xq = X_q + s3 * sxq_s + d3 * sxq_d
+    xk = X_k + s3 * sxk_s + d3 * sxk_d
+    for h0 in range(0, tl.maximum(HQ, HK), BLOCK_H):
+        h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
+        mq = m_sd & (h < HQ)
+        mk = m_sd & (h < HK)
+        # every load of both sides comes before any store
+        if READ_Q:
+            xq1, xq2 = _load_halves(xq, sxq_h, h, HALF * sxq_d, mq)
+        if READ_K:
+            xk1, xk2 = _load_halves(xk, sxk_h, h, HALF * sxk_d, mk)
         if GRAD_TABLE:
-            p = _rows(P_q + s3 * spq_s + d3 * spq_d, P_k + s3 * spk_s + d3 * spk_d, r, HQ, spq_h, spk_h)
-            p_half = tl.where(is_q, HALF * spq_d, HALF * spk_d)
-            p1 = tl.load(p, mask=mask, other=0.0).to(tl.float32)
-            p2 = tl.load(p + p_half, mask=mask, other=0.0).to(tl.float32)
+            pq1, pq2 = _load_halves(P_q + s3 * spq_s + d3 * spq_d, spq_h, h, HALF * spq_d, mq)
+            pk1, pk2 = _load_halves(P_k + s3 * spk_s + d3 * spk_d, spk_h, h, HALF * spk_d, mk)
             # grad_cos = sum g*p ; grad_sin = sum g*rotate_half(p), rotate_half(p) = (-p2, p1)
-            gc1 += tl.sum(x1 * p1, axis=1)
-            gc2 += tl.sum(x2 * p2, axis=1)
-            gs1 -= tl.sum(x1 * p2, axis=1)
-            gs2 += tl.sum(x2 * p1, axis=1)
-        if WRITE_Q or WRITE_K:
-            y = _rows(Y_q + s3 * syq_s + d3 * syq_d, Y_k + s3 * syk_s + d3 * syk_d, r, HQ, syq_h, syk_h)
-            y_half = tl.where(is_q, HALF * syq_d, HALF * syk_d)
-            y1 = x1 * c1b + x2 * a
-            y2 = x2 * c2b + x1 * b
-            wmask = m_sd & in_rows & written
-            tl.store(y, y1.to(Y_q.dtype.element_ty), mask=wmask)
-            tl.store(y + y_half, y2.to(Y_q.dtype.element_ty), mask=wmask)
+            gc1 += tl.sum(xq1 * pq1, axis=1) + tl.sum(xk1 * pk1, axis=1)
+            gc2 += tl.sum(xq2 * pq2, axis=1) + tl.sum(xk2 * pk2, axis=1)
+            gs1 -= tl.sum(xq1 * pq2, axis=1) + tl.sum(xk1 * pk2, axis=1)
+            gs2 += tl.sum(xq2 * pq1, axis=1) + tl.sum(xk2 * pk1, axis=1)
+        if WRITE_Q:
+            _store_halves(Y_q + s3 * syq_s + d3 * syq_d, syq_h, h, HALF * syq_d,
+                          xq1 * c1b + xq2 * a, xq2 * c2b + xq1 * b, mq)
+        if WRITE_K:
+            _store_halves(Y_k + s3 * syk_s + d3 * syk_d, syk_h, h, HALF * syk_d,
+                          xk1 * c1b + xk2 * a, xk2 * c2b + xk1 * b, mk)
 
     if GRAD_TABLE:
         if ANGLES:
@@ -145,13 +154,29 @@ def rotary_kernel(
             tl.store(G1 + s2 * sg1_s + (d2 + HALF) * sg1_d, gs2.to(G1.dtype.element_ty), mask=mask_sd)
 
 
-def _strides(t, n):
-    return t.stride() if t is not None else (0,) * n
-
-
 def _divided(strides, v):
     """Token/head strides divided by v; the channel stride (last) as is."""
     return [st // v for st in strides[:-1]] + [strides[-1]]
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(S, HQ, D, HK, strides, flags, config):
+    """Grid, integer arguments and constexprs of one launch, cached: on small inputs the
+    host's per-call work, not the GPU, sets the pace of a training step."""
+    adjoint, angles, write_q, write_k, grad_table = flags
+    half = D // 2
+    v = math.gcd(half, *(st for sts in strides if sts for st in sts[:-1]))
+    v = math.gcd(v, 16)  # a power of two, enough for 16-byte accesses
+    ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)
+    ints = (S, HQ, HK, half // v, *(st for sts, n in zip(strides, ndims) for st in _divided(sts or (0,) * n, v)))
+    cfg = dict(config)
+    grid = (triton.cdiv(S, cfg["BLOCK_S"]), triton.cdiv(half, cfg["BLOCK_D"]))
+    consts = dict(
+        V=v, BLOCK_S=cfg["BLOCK_S"], BLOCK_D=cfg["BLOCK_D"], BLOCK_R=cfg["BLOCK_R"],
+        ADJOINT=adjoint, ANGLES=angles, WRITE_Q=write_q, WRITE_K=write_k, GRAD_TABLE=grad_table,
+        num_warps=cfg["num_warps"],
+    )
+    return grid, ints, consts
 
 
 def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
@@ -160,28 +185,21 @@ def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
     Outputs y_q and y_k share one dtype. `config` holds BLOCK_S, BLOCK_D, BLOCK_R,
     num_warps (see tuning.py)."""
     S, HQ, D = x_q.shape
-    HK = x_k.shape[1]
     if S == 0:
         return
-    half = D // 2
-    tensors = [t for t in (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1) if t is not None]
-    v = math.gcd(half, *(st for t in tensors for st in t.stride()[:-1]))
-    v = math.gcd(v, 16)  # a power of two, enough for 16-byte accesses
+    tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
+    flags = (adjoint, t1 is None, y_q is not None, y_k is not None, g0 is not None)
+    grid, ints, consts = _plan(
+        S, HQ, D, x_k.shape[1], tuple(t.stride() if t is not None else None for t in tensors),
+        flags, tuple(config.items()),
+    )
     # Unused pointers get a real tensor of the right dtype, so every argument is valid.
     y_any = y_q if y_q is not None else (y_k if y_k is not None else x_q)
-    grid = (triton.cdiv(S, config["BLOCK_S"]), triton.cdiv(half, config["BLOCK_D"]))
     rotary_kernel[grid](
         x_q, x_k,
         y_q if y_q is not None else y_any, y_k if y_k is not None else y_any,
         p_q if p_q is not None else x_q, p_k if p_k is not None else x_k,
         t0, t1 if t1 is not None else t0,
         g0 if g0 is not None else t0, g1 if g1 is not None else t0,
-        S, HQ, HK, half // v,
-        *(st for t, n in ((x_q, 3), (x_k, 3), (y_q, 3), (y_k, 3), (p_q, 3), (p_k, 3), (t0, 2), (t1, 2), (g0, 2), (g1, 2))
-          for st in _divided(_strides(t, n), v)),
-        V=v,
-        BLOCK_S=config["BLOCK_S"], BLOCK_D=config["BLOCK_D"], BLOCK_R=config["BLOCK_R"],
-        ADJOINT=adjoint, ANGLES=t1 is None,
-        WRITE_Q=y_q is not None, WRITE_K=y_k is not None, GRAD_TABLE=g0 is not None,
-        num_warps=config["num_warps"],
+        *ints, **consts,
     )

@@ -2,7 +2,7 @@
 
 Tuned configurations ship as JSON in configs/, one file per GPU name
 (`configs/<device name, spaces as _>.json`), each mapping a shape bucket (see
-`bucket`) to {BLOCK_S, BLOCK_D, num_warps}. Unknown GPUs and buckets get the
+`bucket`) to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}. Unknown GPUs and buckets get the
 heuristic `default_config`. Nothing is autotuned at a user's call.
 """
 
@@ -46,23 +46,16 @@ def tuned_table(device_name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def block_r(R: int) -> int:
-    # Rows (q and k heads) are looped over in chunks of BLOCK_R: huge head counts keep tiles small.
-    return min(_next_pow2(R), 64)
-
-
-def default_config(S: int, R: int, D: int, n_sm: int = 132) -> dict:
-    """Heuristic: whole half rows per program, split across programs while there are
-    too few programs to fill the GPU, several tokens per program when S is large."""
+def default_config(S: int, R: int, D: int, elem_size: int, n_sm: int = 132) -> dict:
+    """Heuristic from an H200 sweep: one warp per program, one token, whole half rows
+    of up to 64 channels, 16 (fp32) or 8 (16-bit) q+k heads per chunk; the half row is
+    split while there are too few programs to fill the GPU."""
     half = D // 2
-    bh = block_r(R)
-    bd = _next_pow2(half)
-    bs = 1
-    while bd > 16 and _cdiv(S, bs) * _cdiv(half, bd) < 4 * n_sm:
+    bd = min(_next_pow2(half), 64)
+    while bd > 16 and S * _cdiv(half, bd) < 4 * n_sm:
         bd //= 2
-    while bs * bh * bd < 4096 and _cdiv(S, 2 * bs) * _cdiv(half, bd) >= 8 * n_sm:
-        bs *= 2
-    return {"BLOCK_S": bs, "BLOCK_D": bd, "num_warps": 4 if bs * bh * bd <= 4096 else 8}
+    br = min(_next_pow2(max(R, 2)), 16 if elem_size >= 4 else 8)
+    return {"BLOCK_S": 1, "BLOCK_D": bd, "BLOCK_R": br, "num_warps": 1}
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,5 +70,4 @@ def config_for(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, devi
     """Full launch configuration (block sizes and warps) for one call."""
     name, n_sm = _device_props(device)
     R = HQ + HK
-    cfg = tuned_table(name).get(bucket(mode, S, R, D, elem_size)) or default_config(S, R, D, n_sm)
-    return {**cfg, "BLOCK_R": block_r(R)}
+    return tuned_table(name).get(bucket(mode, S, R, D, elem_size)) or default_config(S, R, D, elem_size, n_sm)
