@@ -48,13 +48,15 @@ def tuned_table(device_name: str) -> dict:
 
 def default_config(S: int, R: int, D: int, elem_size: int, n_sm: int = 132) -> dict:
     """Heuristic from an H200 sweep: one warp per program, one token, whole half rows
-    of up to 64 channels, 16 (fp32) or 8 (16-bit) q+k heads per chunk; the half row is
-    split while there are too few programs to fill the GPU."""
+    of up to 64 channels, 16 (fp32) or 8 (16-bit) q+k heads per chunk. With too few
+    programs to fill the GPU, the half row is split and all heads go in one chunk, so
+    that each program has all its loads in flight at once."""
     half = D // 2
     bd = min(_next_pow2(half), 64)
     while bd > 16 and S * _cdiv(half, bd) < 4 * n_sm:
         bd //= 2
-    br = min(_next_pow2(max(R, 2)), 16 if elem_size >= 4 else 8)
+    few = S * _cdiv(half, bd) < 8 * n_sm
+    br = min(_next_pow2(max(R, 2)), 32 if few else 16 if elem_size >= 4 else 8)
     return {"BLOCK_S": 1, "BLOCK_D": bd, "BLOCK_R": br, "num_warps": 1}
 
 
