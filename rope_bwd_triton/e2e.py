@@ -151,7 +151,8 @@ def profile_summary(events, cuda):
     from torch.autograd import DeviceType
 
     if cuda:
-        device = [e for e in events if e.device_type == DeviceType.CUDA]
+        # record_function ranges also appear on the GPU timeline (user annotations): not kernels
+        device = [e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
         copies = [e for e in device if e.name.startswith(("Memcpy", "Memset"))]
         kernels = [e for e in device if not e.name.startswith(("Memcpy", "Memset"))]
         rotary = [e for e in kernels if "rotary" in e.name]

@@ -10,12 +10,6 @@ that are not asked for come back as empty tensors.
 
 Dispatch: CUDA tensors run the Triton kernel; CPU tensors run rotary_torch,
 or the Triton kernel in Triton's interpreter when TRITON_INTERPRET=1.
-
-The public functions go through the ops only under torch.compile. In eager mode
-they call the same implementations directly (the forward through an
-autograd.Function with the same backward): a custom op's Python dispatch cost
-about 100 us of host time per call on the H200 machine, which a host-bound
-training step pays in full.
 """
 
 import contextlib
@@ -57,15 +51,13 @@ def _none_marker(t: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- forward op
 
-def _rotary_fwd_impl(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+@torch.library.custom_op(add_op_namespace_prefix("rotary_fwd"), mutates_args=())
+def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     if not _use_triton(q):
         return rotary_torch.forward(q, k, table, sin)
     q_embed, k_embed = _empty_like(q), _empty_like(k)
     _launch(q, k, q_embed, k_embed, None, None, table, sin, None, None, adjoint=False)
     return q_embed, k_embed
-
-
-rotary_fwd = torch.library.custom_op(add_op_namespace_prefix("rotary_fwd"), mutates_args=())(_rotary_fwd_impl)
 
 
 @rotary_fwd.register_fake
@@ -85,7 +77,8 @@ def _bwd_outputs(gq, gk, q, table, sin, need_q, need_k):
     )
 
 
-def _rotary_bwd_impl(
+@torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
+def rotary_bwd(
     gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
     table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -102,15 +95,15 @@ def _rotary_bwd_impl(
     return outs
 
 
-rotary_bwd = torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())(_rotary_bwd_impl)
-
-
 @rotary_bwd.register_fake
 def _(gq, gk, q, k, table, sin, need_q, need_k):
     return _bwd_outputs(gq, gk, q, table, sin, need_q, need_k)
 
 
-def _rope_bwd_out_impl(
+@torch.library.custom_op(
+    add_op_namespace_prefix("rope_bwd_out"), mutates_args=("grad_q", "grad_k", "grad_embeddings")
+)
+def rope_bwd_out(
     grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor,
     grad_q: Tensor, grad_k: Tensor, grad_embeddings: Tensor,
 ) -> None:
@@ -124,11 +117,6 @@ def _rope_bwd_out_impl(
         grad_q_embed, grad_k_embed, grad_q, grad_k, q, k, embeddings, None, grad_embeddings, None,
         adjoint=True,
     )
-
-
-rope_bwd_out = torch.library.custom_op(
-    add_op_namespace_prefix("rope_bwd_out"), mutates_args=("grad_q", "grad_k", "grad_embeddings")
-)(_rope_bwd_out_impl)
 
 
 @rope_bwd_out.register_fake
@@ -146,52 +134,26 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q if ctx.table_grad else None, k if ctx.table_grad else None, table, sin)
 
 
-def _backward_by(bwd):
-    """The backward formula, running the backward op (compiled) or its implementation (eager)."""
-    def backward(ctx, gq, gk):
-        q, k, table, sin = ctx.saved_tensors
-        need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dq, dk, dt, ds = bwd(gq, gk, q, k, table, sin, need_q, need_k)
-        return (
-            dq if need_q else None,
-            dk if need_k else None,
-            dt if ctx.needs_input_grad[2] else None,
-            ds if sin is not None and ctx.needs_input_grad[3] else None,
-        )
-    return backward
+def _backward(ctx, gq, gk):
+    q, k, table, sin = ctx.saved_tensors
+    need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    dq, dk, dt, ds = rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k)
+    return (
+        dq if need_q else None,
+        dk if need_k else None,
+        dt if ctx.needs_input_grad[2] else None,
+        ds if sin is not None and ctx.needs_input_grad[3] else None,
+    )
 
 
-rotary_fwd.register_autograd(_backward_by(rotary_bwd), setup_context=_setup_context)
-
-
-def _eager_rotary_bwd(*args):
-    with torch.profiler.record_function("rope_bwd::rotary_bwd"):  # named in profiles as the op would be
-        return _rotary_bwd_impl(*args)
-
-
-class _EagerRotary(torch.autograd.Function):
-    """rotary_fwd with the same autograd, minus the custom-op dispatch (eager mode)."""
-    forward = staticmethod(_rotary_fwd_impl)
-    setup_context = staticmethod(_setup_context)
-    backward = staticmethod(_backward_by(_eager_rotary_bwd))
-
-
-def _rotary(q, k, table, sin):
-    if torch.compiler.is_compiling():
-        return rotary_fwd(q, k, table, sin)
-    with torch.profiler.record_function("rope_bwd::rotary_fwd"):
-        return _EagerRotary.apply(q, k, table, sin)
-
-
-def _call(op, impl, *args):
-    return op(*args) if torch.compiler.is_compiling() else impl(*args)
+rotary_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ------------------------------------------------------------ public functions
 
 def _rotary_angles(fn, q, k, embeddings):
     check_inputs(fn, [("q", q), ("k", k)], [("embeddings", embeddings)])
-    return _rotary(q, k, embeddings, None)
+    return rotary_fwd(q, k, embeddings, None)
 
 
 def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
@@ -213,7 +175,7 @@ def apply_rotary_pos_emb_vision(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) 
     q, k, cos and sin; when cos/sin need no gradient the backward reads only the
     upstream gradients and the table."""
     check_inputs("apply_rotary_pos_emb_vision", [("q", q), ("k", k)], [("cos", cos), ("sin", sin)])
-    return _rotary(q, k, cos, sin)
+    return rotary_fwd(q, k, cos, sin)
 
 
 def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, out=None):
@@ -228,7 +190,7 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
         [("grad_q_embed", grad_q_embed, ("q", q)), ("grad_k_embed", grad_k_embed, ("k", k))],
     )
     if out is None:
-        dq, dk, de, _ = _call(rotary_bwd, _rotary_bwd_impl, grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True)
+        dq, dk, de, _ = rotary_bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True)
         return dq, dk, de
     check_out(
         fn, out,
@@ -237,5 +199,5 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
         [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k),
          ("embeddings", embeddings)],
     )
-    _call(rope_bwd_out, _rope_bwd_out_impl, grad_q_embed, grad_k_embed, q, k, embeddings, *out)
+    rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out)
     return tuple(out)
