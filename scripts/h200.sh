@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # What runs on the H200 (the device machine: python3 with torch and triton, no
 # network). Installs the carried wheels (.whl/: kernels, tomlkit, liger-kernel,
-# tabulate) into /tmp/site, then runs the stages named as arguments, writing
+# tabulate; for kbench also sigstore and its dependencies, which the kernels CLI
+# imports: `pip download --only-binary=:all: --python-version 3.12
+# --platform manylinux2014_x86_64 ... "sigstore>=4,<5"`) into /tmp/site, then
+# runs the stages named as arguments, writing
 # everything under $OUT:
 #   tune   search launch configurations -> torch-ext/rope_bwd/configs/<GPU>.json
 #   bench  benchmark, the 16 public workloads (DESIGN.md section 6)
