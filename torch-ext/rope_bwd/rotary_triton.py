@@ -81,6 +81,7 @@ def rotary_kernel(
     # Sides that are neither written nor summed for the table are not read.
     READ_Q: tl.constexpr = WRITE_Q or GRAD_TABLE
     READ_K: tl.constexpr = WRITE_K or GRAD_TABLE
+    # int64 token index: S*H*D may pass 2^31 elements.
     s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_sd = (s[:, None] < S) & (d[None, :] < HALF)
