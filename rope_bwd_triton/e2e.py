@@ -135,9 +135,10 @@ def time_variants(variants, install, inputs, *, warmup, rounds, per_round):
 
 
 def _mentions_rotary(event):
-    """Whether the event or an operator it runs inside has 'rotary' in its name."""
+    """Whether the event or an operator (or autograd.Function) it runs inside has "rotary" in
+    its name, in any case."""
     while event is not None:
-        if "rotary" in event.name:
+        if "rotary" in event.name.lower():
             return True
         event = event.cpu_parent
     return False

@@ -14,6 +14,7 @@
 #          (E2E_ARGS, default --rounds 10 --iters 50 --profile: traces under $OUT)
 #   demo   the main job
 #   kbench `kernels benchmark` over benchmarks/benchmark.py
+#   host   host time per call of the launch path (benchmarks/host_overhead.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}; mkdir -p "$OUT"
@@ -36,6 +37,7 @@ for stage in "$@"; do
            HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e ${E2E_ARGS:---rounds 10 --iters 50 --profile} --out "$OUT" ;;
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
+    host)  python3 benchmarks/host_overhead.py | tee "$OUT/host.txt" ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ ${PIPESTATUS[0]} -eq 0 ] || rc=1

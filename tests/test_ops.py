@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rope_bwd_triton import suite
+from rope_bwd_triton.load import submodule
 from conftest import DEVICES, HAS_CUDA, INTERPRET
 
 # fp32 lands near 1e-7 (a few roundings per element); bf16/fp16 outputs are rounded to 8/11 bits.
@@ -137,7 +138,7 @@ def test_launch_configurations(kernel, device, cfg, mode, gen):
     S, HQ, HK, D = 13, 5, 3, 72
     gq, gk, q, k, e = _inputs(S, HQ, D, torch.float32, device, gen, HK=HK)
     dq, dk, de = _poisoned(q), _poisoned(k), _poisoned(e)
-    launch = kernel.rotary_triton.launch
+    launch = submodule(kernel, "rotary_triton").launch  # imported at first kernel use: maybe not yet
     ref = suite.reference_backward(gq, gk, q, k, e)
     if mode == "bwd":
         launch(gq, gk, dq, dk, q, k, e, None, de, None, adjoint=True, config=cfg)
@@ -230,3 +231,66 @@ def test_backward_keeps_q_and_k_only_for_the_table_gradient(kernel, table_grad, 
     assert {id(cos), id(sin)} <= kept
     torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen) for o in outs])
     assert q.grad is not None and k.grad is not None and (cos.grad is not None) == table_grad
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_path_matches_the_op(kernel, device, gen):
+    """Eager calls run through an autograd.Function (no dispatcher round trip); the custom
+    op with its registered autograd, which torch.compile traces, must agree bit for bit."""
+    S, H, D = 11, 3, 80
+    q, k = (torch.randn(S, H, D, generator=gen).to(device) for _ in range(2))
+    cos, sin = (torch.randn(S, D, generator=gen).to(device) for _ in range(2))
+    gq, gk = (torch.randn(S, H, D, generator=gen).to(device) for _ in range(2))
+    results = []
+    for fn in (kernel.apply_rotary_pos_emb_vision, kernel.ops.rotary_fwd):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, cos, sin)]
+        outs = fn(*leaves)
+        results.append((type(outs[0].grad_fn).__name__, outs, leaves))
+        torch.autograd.backward(outs, (gq, gk))
+    (eager_node, eager_outs, eager_leaves), (op_node, op_outs, op_leaves) = results
+    assert "EagerRotary" in eager_node and "EagerRotary" not in op_node
+    for a, b in zip(eager_outs, op_outs):
+        assert torch.equal(a, b)
+    for a, b in zip(eager_leaves, op_leaves):
+        assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_direct_launch_gpu(kernel, dtype, gen, monkeypatch):
+    """After the first launch of a shape, launches skip Triton's argument binding and call the
+    compiled kernel's launcher. It must see new data, compile anew for pointers of another
+    alignment (Triton specializes on it), and call launch hooks (profilers) as Triton does."""
+    rt = submodule(kernel, "rotary_triton")
+    rt._plan.cache_clear()  # no compiled kernel left from other tests
+    S, H, D = 33, 4, 72
+    cfg = dict(BLOCK_S=1, BLOCK_D=32, BLOCK_R=4, num_warps=1)  # two chunks of heads per program
+    triton_runs = []
+    run = rt.rotary_kernel.run
+    monkeypatch.setattr(rt.rotary_kernel, "run", lambda *a, **kw: triton_runs.append(1) or run(*a, **kw))
+
+    def check(offset):
+        # views at `offset` elements into their buffers: same shapes and strides every time
+        base = [torch.randn(S * H * D + offset, generator=gen).to(device="cuda", dtype=dtype) for _ in range(4)]
+        gq, gk, q, k = (b[offset:].view(S, H, D) for b in base)
+        e = torch.randn(S, D, generator=gen).cuda()
+        outs = [torch.full((S * H * D + offset,), float("nan"), device="cuda", dtype=dtype) for _ in range(2)]
+        dq, dk = (o[offset:].view(S, H, D) for o in outs)
+        de = torch.full_like(e, float("nan"))
+        rt.launch(gq, gk, dq, dk, q, k, e, None, de, None, adjoint=True, config=cfg)
+        for o, r, name in zip((dq, dk, de), suite.reference_backward(gq, gk, q, k, e), ("dq", "dk", "de")):
+            _close(o, r, torch.float32 if name == "de" else dtype, f"{name}, offset {offset}")
+
+    check(0)
+    assert len(triton_runs) == 1
+    check(0)
+    assert len(triton_runs) == 1, "second launch of a shape went through Triton's binder"
+    check(1)  # 2- or 4-byte aligned pointers: another specialization, compiled by Triton
+    assert len(triton_runs) == 2
+    check(1)
+    assert len(triton_runs) == 2
+    hooked = []
+    monkeypatch.setattr(rt.knobs.runtime, "launch_enter_hook", lambda meta: hooked.append(meta.get()["name"]))
+    check(0)
+    assert len(triton_runs) == 2 and hooked == ["rotary_kernel"]

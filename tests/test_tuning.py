@@ -45,7 +45,7 @@ def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
     assert tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu")) == tuned
     # another S of the same bucket shares the entry; another dtype is another bucket
     assert tuning.config_for("bwd", 4096, H, H, D, 4, torch.device("cpu")) == tuned
-    assert tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config(S, 2 * H, D, 2, 132)
+    assert tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config("bwd", S, 2 * H, D, 2, 132)
 
 
 @pytest.mark.kernels_ci
@@ -56,7 +56,7 @@ def test_falls_back_to_default_config(tuning, tmp_path, case):
         other = tuning.bucket("fwd", S, 2 * H, 128, 4)
         (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({other: {"BLOCK_S": 8, "BLOCK_D": 8, "BLOCK_R": 2, "num_warps": 1}}))
     cfg = tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu"))
-    assert cfg == tuning.default_config(S, 2 * H, D, 4, 132)
+    assert cfg == tuning.default_config("bwd", S, 2 * H, D, 4, 132)
 
 
 @pytest.mark.kernels_ci
@@ -65,8 +65,9 @@ def test_falls_back_to_default_config(tuning, tmp_path, case):
 @pytest.mark.parametrize("D", [2, 16, 72, 80, 128, 256])
 @pytest.mark.parametrize("S", [1, 7, 128, 131, 1024, 4096, 65536])
 @pytest.mark.parametrize("elem", [2, 4])
-def test_default_config_is_valid_and_fills_the_gpu(kernel, S, R, D, n_sm, elem):
-    cfg = kernel.tuning.default_config(S, R, D, elem, n_sm)
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "bwd_qk"])
+def test_default_config_is_valid_and_fills_the_gpu(kernel, mode, S, R, D, n_sm, elem):
+    cfg = kernel.tuning.default_config(mode, S, R, D, elem, n_sm)
     half = D // 2
     assert set(cfg) == set(SEARCHED)
     assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and _pow2(cfg["BLOCK_R"])
@@ -74,9 +75,10 @@ def test_default_config_is_valid_and_fills_the_gpu(kernel, S, R, D, n_sm, elem):
     assert 2 <= cfg["BLOCK_R"] <= max(2, _next_pow2(R))
     assert cfg["num_warps"] in (1, 2, 4, 8, 16)
     programs = -(-S // cfg["BLOCK_S"]) * -(-half // cfg["BLOCK_D"])
-    # as many programs as 4 per SM, or as many as the shape allows at 16 channels per program
-    most = S * -(-half // min(16, _next_pow2(half)))
-    assert programs >= min(4 * n_sm, most)
+    # a program per SM, or as many as the shape allows at 8 channels per program
+    most = S * -(-half // min(8, _next_pow2(half)))
+    assert programs >= min(n_sm, most)
+    assert tune.candidate_ok(cfg)  # no tile larger than the tuner would try
 
 
 @pytest.mark.kernels_ci

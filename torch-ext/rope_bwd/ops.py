@@ -9,7 +9,9 @@ loaded in one process:
 that are not asked for come back as empty tensors.
 
 Dispatch: CUDA tensors run the Triton kernel; CPU tensors run rotary_torch,
-or the Triton kernel in Triton's interpreter when TRITON_INTERPRET=1.
+or the Triton kernel in Triton's interpreter when TRITON_INTERPRET=1. The public
+functions reach the same implementations through an autograd.Function in eager
+mode (no dispatcher round trip: host time) and through the ops when traced.
 """
 
 import contextlib
@@ -33,7 +35,7 @@ def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
 
     mode = "fwd" if not adjoint else ("bwd" if g0 is not None else "bwd_qk")
     S, HQ, D = x_q.shape
-    cfg = tuning.config_for(mode, S, HQ, x_k.shape[1], D, x_q.element_size(), x_q.device)
+    cfg = tuning.cached_config(mode, S, HQ, x_k.shape[1], D, x_q.element_size(), x_q.device)
     # Triton launches on the current device: make it the tensors' one (switching costs host time).
     switch = x_q.is_cuda and x_q.device.index != torch.cuda.current_device()
     with torch.cuda.device(x_q.device) if switch else contextlib.nullcontext():
@@ -51,13 +53,15 @@ def _none_marker(t: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- forward op
 
-@torch.library.custom_op(add_op_namespace_prefix("rotary_fwd"), mutates_args=())
-def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     if not _use_triton(q):
         return rotary_torch.forward(q, k, table, sin)
     q_embed, k_embed = _empty_like(q), _empty_like(k)
     _launch(q, k, q_embed, k_embed, None, None, table, sin, None, None, adjoint=False)
     return q_embed, k_embed
+
+
+rotary_fwd = torch.library.custom_op(add_op_namespace_prefix("rotary_fwd"), mutates_args=())(_rotary_fwd)
 
 
 @rotary_fwd.register_fake
@@ -77,8 +81,7 @@ def _bwd_outputs(gq, gk, q, table, sin, need_q, need_k):
     )
 
 
-@torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
-def rotary_bwd(
+def _rotary_bwd(
     gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
     table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -93,6 +96,9 @@ def rotary_bwd(
         adjoint=True,
     )
     return outs
+
+
+rotary_bwd = torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())(_rotary_bwd)
 
 
 @rotary_bwd.register_fake
@@ -132,12 +138,13 @@ def _setup_context(ctx, inputs, output):
     # q and k are kept only when the table needs a gradient (the real models'
     # cos/sin come from buffers): that backward then never reads them.
     ctx.save_for_backward(q if ctx.table_grad else None, k if ctx.table_grad else None, table, sin)
+    ctx.rotary_bwd = rotary_bwd
 
 
 def _backward(ctx, gq, gk):
     q, k, table, sin = ctx.saved_tensors
     need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    dq, dk, dt, ds = rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k)
+    dq, dk, dt, ds = ctx.rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k)
     return (
         dq if need_q else None,
         dk if need_k else None,
@@ -149,11 +156,34 @@ def _backward(ctx, gq, gk):
 rotary_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerRotary(torch.autograd.Function):
+    """rotary_fwd with its autograd, minus the dispatcher: the same forward, context and
+    backward, calling the implementations directly. Eager calls take this path, since host
+    time per call is what a training step at a few thousand tokens waits on; traced calls
+    (torch.compile, fake or functional tensors) take the custom ops. The context is set in
+    forward: a separate setup_context makes every apply() bind arguments through inspect."""
+
+    @staticmethod
+    def forward(ctx, q, k, table, sin):
+        out = _rotary_fwd(q, k, table, sin)
+        _setup_context(ctx, (q, k, table, sin), out)
+        ctx.rotary_bwd = _rotary_bwd
+        return out
+
+    backward = staticmethod(_backward)
+
+
+def _rotary(q, k, table, sin):
+    if type(q) is Tensor and not torch.compiler.is_compiling():
+        return _EagerRotary.apply(q, k, table, sin)
+    return rotary_fwd(q, k, table, sin)
+
+
 # ------------------------------------------------------------ public functions
 
 def _rotary_angles(fn, q, k, embeddings):
     check_inputs(fn, [("q", q), ("k", k)], [("embeddings", embeddings)])
-    return rotary_fwd(q, k, embeddings, None)
+    return _rotary(q, k, embeddings, None)
 
 
 def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
@@ -175,7 +205,7 @@ def apply_rotary_pos_emb_vision(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) 
     q, k, cos and sin; when cos/sin need no gradient the backward reads only the
     upstream gradients and the table."""
     check_inputs("apply_rotary_pos_emb_vision", [("q", q), ("k", k)], [("cos", cos), ("sin", sin)])
-    return rotary_fwd(q, k, cos, sin)
+    return _rotary(q, k, cos, sin)
 
 
 def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, out=None):

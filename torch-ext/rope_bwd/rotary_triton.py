@@ -1,6 +1,6 @@
 """One strided Triton kernel for the rotary embedding, forward and backward.
 
-Layout (any strides, element units; the kernel takes every stride as an argument):
+Layout (any strides, element units; strides and head counts are compile-time constants):
     X_q [S, HQ, D], X_k [S, HK, D]   rotated inputs: q, k (forward) or the
                                      upstream gradients grad_q_embed, grad_k_embed (backward)
     Y_q, Y_k                         outputs, same shapes
@@ -19,17 +19,19 @@ registers, in a fixed order (deterministic, no atomics). Small tiles on one
 warp measured fastest on the H200 (many programs in flight per SM); splitting
 the half dimension gives small-S launches enough programs to fill the GPU.
 
-Token and head strides and D/2 arrive divided by V (a power of two dividing all
-of them) and are multiplied by the constexpr V here: Triton only knows that a
-runtime integer is a multiple of 16, so without this a head_dim of 72 or 80
-would get scalar instead of vector loads. No eviction hints: measured slower.
+Only the pointers and S are runtime arguments. Strides, head counts and D do not
+depend on S (a model has one layout per call site), so making them constexprs
+costs one compilation per layout and buys two things: exact divisibility for the
+compiler (head_dim 72 or 80 gets vector, not scalar, accesses) and a short
+argument list, whose packing is much of the host time of a launch. No eviction
+hints: measured slower.
 """
 
 import functools
-import math
 
 import triton
 import triton.language as tl
+from triton import knobs
 
 
 @triton.jit
@@ -42,41 +44,49 @@ def _load_halves(base, s_h, h, half_off, mask):
 
 
 @triton.jit
+def _load_side(x, p, sx_h, sp_h, h, x_half, p_half, mask, READ: tl.constexpr, GRAD_TABLE: tl.constexpr):
+    """Halves of heads h of one side: x (when the side is read) and p (when the table needs a
+    gradient). What is not read comes back as zeros, which the compiler drops."""
+    zero = tl.zeros(mask.shape, tl.float32)
+    x1, x2, p1, p2 = zero, zero, zero, zero
+    if READ:
+        x1, x2 = _load_halves(x, sx_h, h, x_half, mask)
+    if GRAD_TABLE:
+        p1, p2 = _load_halves(p, sp_h, h, p_half, mask)
+    return x1, x2, p1, p2
+
+
+@triton.jit
 def _store_halves(base, s_h, h, half_off, y1, y2, mask):
     ptr = base + h * s_h
     tl.store(ptr, y1.to(base.dtype.element_ty), mask=mask)
     tl.store(ptr + half_off, y2.to(base.dtype.element_ty), mask=mask)
 
 
+STRIDES = (  # stride parameters of rotary_kernel, in order: 3 per [S, H, D] tensor, 2 per table
+    "sxq_s", "sxq_h", "sxq_d", "sxk_s", "sxk_h", "sxk_d",
+    "syq_s", "syq_h", "syq_d", "syk_s", "syk_h", "syk_d",
+    "spq_s", "spq_h", "spq_d", "spk_s", "spk_h", "spk_d",
+    "st0_s", "st0_d", "st1_s", "st1_d", "sg0_s", "sg0_d", "sg1_s", "sg1_d",
+)
+
+
 @triton.jit
 def rotary_kernel(
-    X_q, X_k, Y_q, Y_k, P_q, P_k, T0, T1, G0, G1,
-    S, HQ, HK, HALF_V,
-    sxq_s, sxq_h, sxq_d, sxk_s, sxk_h, sxk_d,
-    syq_s, syq_h, syq_d, syk_s, syk_h, syk_d,
-    spq_s, spq_h, spq_d, spk_s, spk_h, spk_d,
-    st0_s, st0_d, st1_s, st1_d, sg0_s, sg0_d, sg1_s, sg1_d,
-    V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    X_q, X_k, Y_q, Y_k, P_q, P_k, T0, T1, G0, G1, S,
+    HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
+    sxq_s: tl.constexpr, sxq_h: tl.constexpr, sxq_d: tl.constexpr,
+    sxk_s: tl.constexpr, sxk_h: tl.constexpr, sxk_d: tl.constexpr,
+    syq_s: tl.constexpr, syq_h: tl.constexpr, syq_d: tl.constexpr,
+    syk_s: tl.constexpr, syk_h: tl.constexpr, syk_d: tl.constexpr,
+    spq_s: tl.constexpr, spq_h: tl.constexpr, spq_d: tl.constexpr,
+    spk_s: tl.constexpr, spk_h: tl.constexpr, spk_d: tl.constexpr,
+    st0_s: tl.constexpr, st0_d: tl.constexpr, st1_s: tl.constexpr, st1_d: tl.constexpr,
+    sg0_s: tl.constexpr, sg0_d: tl.constexpr, sg1_s: tl.constexpr, sg1_d: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     ADJOINT: tl.constexpr, ANGLES: tl.constexpr,
     WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, GRAD_TABLE: tl.constexpr,
 ):
-    HALF = HALF_V * V
-    sxq_s *= V
-    sxq_h *= V
-    sxk_s *= V
-    sxk_h *= V
-    syq_s *= V
-    syq_h *= V
-    syk_s *= V
-    syk_h *= V
-    spq_s *= V
-    spq_h *= V
-    spk_s *= V
-    spk_h *= V
-    st0_s *= V
-    st1_s *= V
-    sg0_s *= V
-    sg1_s *= V
     BLOCK_H: tl.constexpr = BLOCK_R // 2  # heads per side in one chunk
     # Sides that are neither written nor summed for the table are not read.
     READ_Q: tl.constexpr = WRITE_Q or GRAD_TABLE
@@ -88,8 +98,26 @@ def rotary_kernel(
     s2 = s[:, None]
     d2 = d[None, :]
 
+    s3 = s[:, None, None]
+    d3 = d[None, None, :]
+    m_sd = mask_sd[:, None, :]
+    xq = X_q + s3 * sxq_s + d3 * sxq_d
+    xk = X_k + s3 * sxk_s + d3 * sxk_d
+    pq = P_q + s3 * spq_s + d3 * spq_d
+    pk = P_k + s3 * spk_s + d3 * spk_d
+    h = tl.arange(0, BLOCK_H)[None, :, None]
+    # The table and the first chunk of heads are loaded before either is used, so
+    # that a program waits for one DRAM round trip, not two (table, then heads):
+    # that latency is most of a call's time when S is small.
     t1 = tl.load(T0 + s2 * st0_s + d2 * st0_d, mask=mask_sd, other=0.0).to(tl.float32)
     t2 = tl.load(T0 + s2 * st0_s + (d2 + HALF) * st0_d, mask=mask_sd, other=0.0).to(tl.float32)
+    if not ANGLES:
+        n1 = tl.load(T1 + s2 * st1_s + d2 * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
+        n2 = tl.load(T1 + s2 * st1_s + (d2 + HALF) * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
+    xq1, xq2, pq1, pq2 = _load_side(xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, m_sd & (h < HQ),
+                                    READ_Q, GRAD_TABLE)
+    xk1, xk2, pk1, pk2 = _load_side(xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, m_sd & (h < HK),
+                                    READ_K, GRAD_TABLE)
     if ANGLES:
         c1 = tl.cos(t1)
         c2 = tl.cos(t2)
@@ -98,8 +126,6 @@ def rotary_kernel(
     else:
         c1 = t1
         c2 = t2
-        n1 = tl.load(T1 + s2 * st1_s + d2 * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
-        n2 = tl.load(T1 + s2 * st1_s + (d2 + HALF) * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
     # forward: y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2; the adjoint swaps which sine goes where.
     if ADJOINT:
         a = n2[:, None, :]
@@ -114,23 +140,16 @@ def rotary_kernel(
     gc2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     gs1 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     gs2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
-    s3 = s[:, None, None]
-    d3 = d[None, None, :]
-    m_sd = mask_sd[:, None, :]
-    xq = X_q + s3 * sxq_s + d3 * sxq_d
-    xk = X_k + s3 * sxk_s + d3 * sxk_d
-    for h0 in range(0, tl.maximum(HQ, HK), BLOCK_H):
+    for h0 in range(0, HQ if HQ > HK else HK, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
         mq = m_sd & (h < HQ)
         mk = m_sd & (h < HK)
-        # every load of both sides comes before any store
-        if READ_Q:
-            xq1, xq2 = _load_halves(xq, sxq_h, h, HALF * sxq_d, mq)
-        if READ_K:
-            xk1, xk2 = _load_halves(xk, sxk_h, h, HALF * sxk_d, mk)
+        if h0 > 0:  # chunk 0 is loaded above; every load of both sides comes before any store
+            xq1, xq2, pq1, pq2 = _load_side(xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, mq,
+                                            READ_Q, GRAD_TABLE)
+            xk1, xk2, pk1, pk2 = _load_side(xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, mk,
+                                            READ_K, GRAD_TABLE)
         if GRAD_TABLE:
-            pq1, pq2 = _load_halves(P_q + s3 * spq_s + d3 * spq_d, spq_h, h, HALF * spq_d, mq)
-            pk1, pk2 = _load_halves(P_k + s3 * spk_s + d3 * spk_d, spk_h, h, HALF * spk_d, mk)
             # grad_cos = sum g*p ; grad_sin = sum g*rotate_half(p), rotate_half(p) = (-p2, p1)
             gc1 += tl.sum(xq1 * pq1, axis=1) + tl.sum(xk1 * pk1, axis=1)
             gc2 += tl.sum(xq2 * pq2, axis=1) + tl.sum(xk2 * pk2, axis=1)
@@ -155,52 +174,70 @@ def rotary_kernel(
             tl.store(G1 + s2 * sg1_s + (d2 + HALF) * sg1_d, gs2.to(G1.dtype.element_ty), mask=mask_sd)
 
 
-def _divided(strides, v):
-    """Token/head strides divided by v; the channel stride (last) as is."""
-    return [st // v for st in strides[:-1]] + [strides[-1]]
+class _Plan:
+    """One launch shape: grid, constexprs and, once it has run, Triton's compiled kernel.
+    Later launches of the shape call that kernel's launcher directly, exactly as Triton's
+    `kernel[grid](...)` does after binding and specializing the arguments, which costs
+    more host time than the kernel takes at small S (and a training step at a few thousand
+    tokens waits on host time)."""
+
+    def __init__(self, grid, consts):
+        self.grid, self.consts = grid, consts
+        # constexpr values in the kernel's parameter order (the launcher skips them)
+        self.const_args = tuple(consts[n] for n in rotary_kernel.arg_names if n in consts)
+        self.compiled = None
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(S, HQ, D, HK, strides, flags, config):
-    """Grid, integer arguments and constexprs of one launch, cached: on small inputs the
-    host's per-call work, not the GPU, sets the pace of a training step."""
+def _plan(S, HQ, D, HK, strides, flags, config, specialization):
+    """The _Plan of one launch, cached. `specialization` (dtypes, 16-byte alignment of the
+    pointers, device) only keys the compiled kernel: Triton compiles one per value."""
     adjoint, angles, write_q, write_k, grad_table = flags
-    half = D // 2
-    v = math.gcd(half, *(st for sts in strides if sts for st in sts[:-1]))
-    v = math.gcd(v, 16)  # a power of two, enough for 16-byte accesses
-    ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)
-    ints = (S, HQ, HK, half // v, *(st for sts, n in zip(strides, ndims) for st in _divided(sts or (0,) * n, v)))
     cfg = dict(config)
-    grid = (triton.cdiv(S, cfg["BLOCK_S"]), triton.cdiv(half, cfg["BLOCK_D"]))
+    grid = (triton.cdiv(S, cfg["BLOCK_S"]), triton.cdiv(D // 2, cfg["BLOCK_D"]))
+    ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)  # unused tensors get zero strides
+    flat = (st for sts, n in zip(strides, ndims) for st in (sts or (0,) * n))
     consts = dict(
-        V=v, BLOCK_S=cfg["BLOCK_S"], BLOCK_D=cfg["BLOCK_D"], BLOCK_R=cfg["BLOCK_R"],
+        HQ=HQ, HK=HK, HALF=D // 2, **dict(zip(STRIDES, flat)),
+        BLOCK_S=cfg["BLOCK_S"], BLOCK_D=cfg["BLOCK_D"], BLOCK_R=cfg["BLOCK_R"],
         ADJOINT=adjoint, ANGLES=angles, WRITE_Q=write_q, WRITE_K=write_k, GRAD_TABLE=grad_table,
         num_warps=cfg["num_warps"],
     )
-    return grid, ints, consts
+    return _Plan(grid, consts)
 
 
 def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
-    """Run the kernel. Tensors that a mode does not use may be None (y_q/y_k when
-    that side is not written; p_*, g* without a table gradient; t1, g1 in angle mode).
-    Outputs y_q and y_k share one dtype. `config` holds BLOCK_S, BLOCK_D, BLOCK_R,
-    num_warps (see tuning.py)."""
+    """Run the kernel on the current device. Tensors that a mode does not use may be None
+    (y_q/y_k when that side is not written; p_*, g* without a table gradient; t1, g1 in
+    angle mode). Outputs y_q and y_k share one dtype. `config` holds BLOCK_S, BLOCK_D,
+    BLOCK_R, num_warps (see tuning.py)."""
     S, HQ, D = x_q.shape
     if S == 0:
         return
     tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
     flags = (adjoint, t1 is None, y_q is not None, y_k is not None, g0 is not None)
-    grid, ints, consts = _plan(
-        S, HQ, D, x_k.shape[1], tuple(t.stride() if t is not None else None for t in tensors),
-        flags, tuple(config.items()),
-    )
     # Unused pointers get a real tensor of the right dtype, so every argument is valid.
     y_any = y_q if y_q is not None else (y_k if y_k is not None else x_q)
-    rotary_kernel[grid](
+    args = (
         x_q, x_k,
         y_q if y_q is not None else y_any, y_k if y_k is not None else y_any,
         p_q if p_q is not None else x_q, p_k if p_k is not None else x_k,
         t0, t1 if t1 is not None else t0,
         g0 if g0 is not None else t0, g1 if g1 is not None else t0,
-        *ints, **consts,
     )
+    plan = _plan(
+        S, HQ, D, x_k.shape[1], tuple(t.stride() if t is not None else None for t in tensors),
+        flags, tuple(config.items()),
+        (tuple(a.dtype for a in args), tuple(a.data_ptr() % 16 == 0 for a in args), x_q.device.index),
+    )
+    kernel = plan.compiled
+    if kernel is None:
+        # Triton's path: compiles on first use. The interpreter returns no compiled kernel,
+        # so it always comes here.
+        plan.compiled = rotary_kernel[plan.grid](*args, S, **plan.consts)
+        return
+    stream = triton.runtime.driver.active.get_current_stream(x_q.device.index)
+    args = (*args, S, *plan.const_args)
+    kernel.run(*plan.grid, 1, stream, kernel.function, kernel.packed_metadata,
+               kernel.launch_metadata(plan.grid, stream, *args),
+               knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
