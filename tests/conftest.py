@@ -1,4 +1,4 @@
-"""Shared fixtures: the kernel is built into build/ once per session and loaded the
+"""Shared fixtures: the kernel is built into build/ once per run and loaded the
 way users load it, through kernels.get_kernel (LOCAL_KERNELS points at this checkout)."""
 
 import os
@@ -27,11 +27,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_configure(config):
+    # Build the variants once: here in a plain run, in the controller under pytest-xdist
+    # (workers building the same folder at once would race).
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        build_variants()
+
+
 @pytest.fixture(scope="session")
 def kernel():
     import kernels
 
-    build_variants()
     os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
     return kernels.get_kernel(repo_id(), version=1)
 

@@ -50,7 +50,9 @@ def default_config(mode: str, S: int, R: int, D: int, elem_size: int, n_sm: int 
     """Heuristic from a block-size sweep on the H200 (kernel time, cold L2; fp32 and bf16,
     head_dim 72 and 128, S = 128 to 4096): one token per program; half rows of up to 64
     channels.
-    - Few programs (S * channel blocks < 16 per SM): 32 channels and all heads (up to 32
+    - Few programs (S * channel blocks < 16 per SM in fp32, < 4 in 16-bit types, whose rows
+      are half as long: bf16 backward at S = 1024 took 13.1 us this way, 11 us with 64
+      channels in the sweep): 32 channels and all heads (up to 32
       q+k) in one chunk on one warp, so that each program has all its loads in flight at
       once; the half row is split further only to give every SM a program. More, smaller
       programs measured slower (S = 128 fp32 backward: 4.2 us at 32 channels, 4.7 at 16;
@@ -60,7 +62,7 @@ def default_config(mode: str, S: int, R: int, D: int, elem_size: int, n_sm: int 
     half = D // 2
     bd = min(_next_pow2(half), 64)
     rows = min(_next_pow2(max(R, 2)), 32)
-    if S * _cdiv(half, bd) < 16 * n_sm:
+    if S * _cdiv(half, bd) < (16 if elem_size >= 4 else 4) * n_sm:
         bd = min(bd, 32)
         while bd > 8 and S * _cdiv(half, bd) < n_sm:
             bd //= 2
