@@ -28,6 +28,18 @@ def per_call_us(fn, n=400):
     return min(passes)
 
 
+class _Times1(torch.autograd.Function):
+    """q * 1, k * 1 with a Python backward: the floor for any autograd.Function of two kernels."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        return q * 1, k * 1
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        return gq * 1, gk * 1, None, None
+
+
 def main():
     import triton
     from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as modeling
@@ -69,6 +81,8 @@ def main():
         "ours forward + backward (custom op autograd, as traced)": fwd_bwd(ops.rotary_fwd),
         "transformers forward + backward": fwd_bwd(modeling.apply_rotary_pos_emb_vision),
         "identity (q, k) forward + backward": fwd_bwd(lambda q, k, cos, sin: (q, k)),
+        "q * 1, k * 1 forward + backward (two aten kernels each way)": fwd_bwd(lambda q, k, cos, sin: (q * 1, k * 1)),
+        "same in a Python autograd.Function (its cost over C++ nodes)": fwd_bwd(_Times1.apply),
         "one aten mul (for scale)": lambda: q * 2,
     }
     print(f"host us per call: S={S}, {H} heads of {D}, bf16, q/k views of qkv; {torch.cuda.get_device_name()}, "

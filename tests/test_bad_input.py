@@ -372,3 +372,17 @@ def test_out_interleaved_in_one_gradient_buffer(kernel, gen, device):
     for g, r in zip(got, suite.reference_backward(*args.values())):
         assert suite.rel_err(g, r) <= FP32_TOL
     assert dqkv[:, 2].isnan().all(), "the third slot was written"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fn", FUNCS)
+def test_checks_after_a_valid_call_of_the_same_shapes(kernel, gen, device, fn):
+    """The checks remember the argument combinations that passed (host time per call): a
+    valid call first must not let a bad one of the same shapes through afterwards."""
+    args = make_args(fn, gen, device)
+    getattr(kernel, fn)(*args.values())
+    for name in ["k", *(n for n in ("sin", "grad_k_embed") if n in args)]:
+        bad = dict(args, **{name: args[name].to(torch.float16)})
+        with pytest.raises(ValueError, match=f"^{fn}: {name} must have the dtype of "):
+            getattr(kernel, fn)(*bad.values())
+    getattr(kernel, fn)(*args.values())

@@ -15,6 +15,7 @@ mode (no dispatcher round trip: host time) and through the ops when traced.
 """
 
 import contextlib
+import functools
 import os
 from typing import Optional
 
@@ -27,23 +28,30 @@ from .validation import check_inputs, check_out
 
 
 def _use_triton(t: Tensor) -> bool:
-    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _rotary_triton():
+    from . import rotary_triton  # first GPU/interpreter use only: CPU machines need no Triton
+
+    return rotary_triton
 
 
 def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
-    from . import rotary_triton  # first GPU/interpreter use only: CPU machines need no Triton
-
     mode = "fwd" if not adjoint else ("bwd" if g0 is not None else "bwd_qk")
     S, HQ, D = x_q.shape
-    cfg = tuning.cached_config(mode, S, HQ, x_k.shape[1], D, x_q.element_size(), x_q.device)
+    device = x_q.device
+    cfg = tuning.cached_config(mode, S, HQ, x_k.shape[1], D, x_q.element_size(), device)
     # Triton launches on the current device: make it the tensors' one (switching costs host time).
-    switch = x_q.is_cuda and x_q.device.index != torch.cuda.current_device()
-    with torch.cuda.device(x_q.device) if switch else contextlib.nullcontext():
-        rotary_triton.launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, adjoint=adjoint, config=cfg)
+    switch = device.type == "cuda" and device.index != torch.cuda.current_device()
+    with torch.cuda.device(device) if switch else contextlib.nullcontext():
+        _rotary_triton().launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, adjoint=adjoint, config=cfg)
 
 
 def _empty_like(t: Tensor) -> Tensor:
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    # empty_like: half the host time of torch.empty(shape, dtype=, device=) on a CUDA tensor
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 def _none_marker(t: Tensor) -> Tensor:
@@ -72,38 +80,43 @@ def _(q, k, table, sin):
 # --------------------------------------------------------------- backward op
 
 def _bwd_outputs(gq, gk, q, table, sin, need_q, need_k):
+    """(dq, dk, dtable, dsin): new tensors for what is asked for, None for the rest."""
     table_grad = q is not None
     return (
-        _empty_like(gq) if need_q else _none_marker(gq),
-        _empty_like(gk) if need_k else _none_marker(gk),
-        _empty_like(table) if table_grad else _none_marker(table),
-        _empty_like(sin) if table_grad and sin is not None else _none_marker(table),
+        _empty_like(gq) if need_q else None,
+        _empty_like(gk) if need_k else None,
+        _empty_like(table) if table_grad else None,
+        _empty_like(sin) if table_grad and sin is not None else None,
     )
 
 
-def _rotary_bwd(
+def _markers(outs, likes):
+    return tuple(o if o is not None else _none_marker(like) for o, like in zip(outs, likes))
+
+
+def _rotary_bwd_eager(
     gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
     table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    outs = _bwd_outputs(gq, gk, q, table, sin, need_q, need_k)
+) -> tuple[Optional[Tensor], ...]:
+    """The backward; None for the outputs not asked for (the op returns empty tensors)."""
     if not _use_triton(gq):
-        res = rotary_torch.backward(gq, gk, q, k, table, sin, need_q=need_q, need_k=need_k)
-        return tuple(r if r is not None else o for r, o in zip(res, outs))
-    dq, dk, dt, ds = outs
-    _launch(
-        gq, gk, dq if need_q else None, dk if need_k else None, q, k, table, sin,
-        dt if q is not None else None, ds if q is not None and sin is not None else None,
-        adjoint=True,
-    )
+        return rotary_torch.backward(gq, gk, q, k, table, sin, need_q=need_q, need_k=need_k)
+    outs = _bwd_outputs(gq, gk, q, table, sin, need_q, need_k)
+    _launch(gq, gk, outs[0], outs[1], q, k, table, sin, outs[2], outs[3], adjoint=True)
     return outs
 
 
-rotary_bwd = torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())(_rotary_bwd)
+@torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
+def rotary_bwd(
+    gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
+    table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _markers(_rotary_bwd_eager(gq, gk, q, k, table, sin, need_q, need_k), (gq, gk, table, table))
 
 
 @rotary_bwd.register_fake
 def _(gq, gk, q, k, table, sin, need_q, need_k):
-    return _bwd_outputs(gq, gk, q, table, sin, need_q, need_k)
+    return _markers(_bwd_outputs(gq, gk, q, table, sin, need_q, need_k), (gq, gk, table, table))
 
 
 @torch.library.custom_op(
@@ -167,7 +180,7 @@ class _EagerRotary(torch.autograd.Function):
     def forward(ctx, q, k, table, sin):
         out = _rotary_fwd(q, k, table, sin)
         _setup_context(ctx, (q, k, table, sin), out)
-        ctx.rotary_bwd = _rotary_bwd
+        ctx.rotary_bwd = _rotary_bwd_eager
         return out
 
     backward = staticmethod(_backward)
@@ -217,7 +230,7 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
     fn = "rope_bwd"
     check_inputs(
         fn, [("q", q), ("k", k)], [("embeddings", embeddings)],
-        [("grad_q_embed", grad_q_embed, ("q", q)), ("grad_k_embed", grad_k_embed, ("k", k))],
+        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed)],
     )
     if out is None:
         dq, dk, de, _ = rotary_bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True)

@@ -189,19 +189,20 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(S, HQ, D, HK, strides, flags, config, specialization):
-    """The _Plan of one launch, cached. `specialization` (dtypes, 16-byte alignment of the
-    pointers, device) only keys the compiled kernel: Triton compiles one per value."""
-    adjoint, angles, write_q, write_k, grad_table = flags
+def _plan(S, HQ, D, HK, adjoint, layout, config, device):
+    """The _Plan of one launch, cached. `layout` holds, per tensor argument, None (unused)
+    or (strides, dtype, 16-byte alignment of its pointer); dtypes and alignment only key
+    the compiled kernel (Triton compiles one per value), like `device`."""
     cfg = dict(config)
     grid = (triton.cdiv(S, cfg["BLOCK_S"]), triton.cdiv(D // 2, cfg["BLOCK_D"]))
     ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)  # unused tensors get zero strides
-    flat = (st for sts, n in zip(strides, ndims) for st in (sts or (0,) * n))
+    flat = (st for lay, n in zip(layout, ndims) for st in (lay[0] if lay else (0,) * n))
+    y_q, y_k, g0, t1 = layout[2], layout[3], layout[8], layout[7]
     consts = dict(
         HQ=HQ, HK=HK, HALF=D // 2, **dict(zip(STRIDES, flat)),
         BLOCK_S=cfg["BLOCK_S"], BLOCK_D=cfg["BLOCK_D"], BLOCK_R=cfg["BLOCK_R"],
-        ADJOINT=adjoint, ANGLES=angles, WRITE_Q=write_q, WRITE_K=write_k, GRAD_TABLE=grad_table,
-        num_warps=cfg["num_warps"],
+        ADJOINT=adjoint, ANGLES=t1 is None, WRITE_Q=y_q is not None, WRITE_K=y_k is not None,
+        GRAD_TABLE=g0 is not None, num_warps=cfg["num_warps"],
     )
     return _Plan(grid, consts)
 
@@ -215,7 +216,9 @@ def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
     if S == 0:
         return
     tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
-    flags = (adjoint, t1 is None, y_q is not None, y_k is not None, g0 is not None)
+    # This key is most of the host time of a launch seen before: one pass, no generators.
+    layout = tuple([None if t is None else (t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+    plan = _plan(S, HQ, D, x_k.shape[1], adjoint, layout, tuple(config.items()), x_q.device.index)
     # Unused pointers get a real tensor of the right dtype, so every argument is valid.
     y_any = y_q if y_q is not None else (y_k if y_k is not None else x_q)
     args = (
@@ -224,11 +227,6 @@ def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
         p_q if p_q is not None else x_q, p_k if p_k is not None else x_k,
         t0, t1 if t1 is not None else t0,
         g0 if g0 is not None else t0, g1 if g1 is not None else t0,
-    )
-    plan = _plan(
-        S, HQ, D, x_k.shape[1], tuple(t.stride() if t is not None else None for t in tensors),
-        flags, tuple(config.items()),
-        (tuple(a.dtype for a in args), tuple(a.data_ptr() % 16 == 0 for a in args), x_q.device.index),
     )
     kernel = plan.compiled
     if kernel is None:

@@ -2,20 +2,20 @@
 kernel runs or any output is written. Each message names the argument and what
 was expected."""
 
+import functools
+
 import torch
 
 MAX_HEAD_DIM = 256
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _tensor(fn, name, t, ndim, layout):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != ndim:
-        raise ValueError(f"{fn}: {name} must be a {ndim}-D tensor {layout}, got shape {tuple(t.shape)}")
-    if t.dtype not in _FLOATS:
-        raise TypeError(f"{fn}: {name} must be float32, bfloat16 or float16, got {t.dtype}")
-    if t.dtype == torch.float64 and t.device.type != "cpu":
+def _tensor(fn, name, shape, dtype, device, ndim, layout):
+    if len(shape) != ndim:
+        raise ValueError(f"{fn}: {name} must be a {ndim}-D tensor {layout}, got shape {tuple(shape)}")
+    if dtype not in _FLOATS:
+        raise TypeError(f"{fn}: {name} must be float32, bfloat16 or float16, got {dtype}")
+    if dtype == torch.float64 and device.type != "cpu":
         raise TypeError(f"{fn}: {name} is float64, which only the CPU path supports; use float32, bfloat16 or float16")
 
 
@@ -26,32 +26,43 @@ def _same(fn, name, got, want, what):
 
 def check_inputs(fn, heads, tables, grads=()):
     """heads: [(name, tensor)] for q and k ([S, H, D]); tables: [(name, tensor)] for
-    embeddings or (cos, sin) ([S, D]); grads: [(name, tensor, (of_name, of_tensor))]
-    for the upstream gradients, each shaped like the tensor it is the gradient of."""
-    (qn, q), (kn, k) = heads
-    for name, t in heads:
-        _tensor(fn, name, t, 3, "[S, H, D]")
-    for name, t, _ in grads:
-        _tensor(fn, name, t, 3, "[S, H, D]")
-    for name, t in tables:
-        _tensor(fn, name, t, 2, "[S, D]")
-    S, _, D = q.shape
+    embeddings or (cos, sin) ([S, D]); grads: [(name, tensor)], the upstream gradients
+    of the heads in the same order, each shaped like its head."""
+    for name, t in (*heads, *tables, *grads):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    # What follows depends only on names, shapes, dtypes and devices: checked once per
+    # combination (host time per call is what a training step at small S waits on).
+    metas = [tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)]
+    try:
+        _check_meta(fn, *metas)
+    except TypeError:  # symbolic sizes (torch.compile, dynamic shapes) cannot key the cache
+        _check_meta.__wrapped__(fn, *metas)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_meta(fn, heads, tables, grads):
+    """check_inputs on (name, shape, dtype, device) of each tensor."""
+    for name, shape, dtype, device in heads + grads:
+        _tensor(fn, name, shape, dtype, device, 3, "[S, H, D]")
+    for name, shape, dtype, device in tables:
+        _tensor(fn, name, shape, dtype, device, 2, "[S, D]")
+    (qn, (S, _, D), q_dtype, q_device), (kn, k_shape, k_dtype, _) = heads
     if D % 2 or not 0 < D <= MAX_HEAD_DIM:
         raise ValueError(f"{fn}: {qn} head_dim (last dimension) must be even and in 2..{MAX_HEAD_DIM}, got {D}")
-    _same(fn, kn, (k.shape[0], k.shape[2]), (S, D), "(S, D) equal to q's")
+    _same(fn, kn, (k_shape[0], k_shape[2]), (S, D), "(S, D) equal to q's")
     # k against q before the gradients against k: a wrong k is named as such.
-    _same(fn, kn, k.dtype, q.dtype, f"the dtype of {qn}")
-    for name, g, (of_name, of) in grads:
-        _same(fn, name, tuple(g.shape), tuple(of.shape), f"the shape of {of_name}")
-        _same(fn, name, g.dtype, of.dtype, f"the dtype of {of_name}")
-    for name, t in tables:
-        _same(fn, name, tuple(t.shape), (S, D), "shape [S, D] =")
+    _same(fn, kn, k_dtype, q_dtype, f"the dtype of {qn}")
+    for (name, shape, dtype, _), (of_name, of_shape, of_dtype, _) in zip(grads, heads):
+        _same(fn, name, tuple(shape), tuple(of_shape), f"the shape of {of_name}")
+        _same(fn, name, dtype, of_dtype, f"the dtype of {of_name}")
+    for name, shape, _, _ in tables:
+        _same(fn, name, tuple(shape), (S, D), "shape [S, D] =")
     if len(tables) == 2:
-        _same(fn, tables[1][0], tables[1][1].dtype, tables[0][1].dtype, f"the dtype of {tables[0][0]}")
-    device = q.device
-    for name, t in [*heads, *tables, *((n, g) for n, g, _ in grads)]:
-        if t.device != device:
-            raise ValueError(f"{fn}: {name} is on {t.device}, but {qn} is on {device}; all tensors must be on one device")
+        _same(fn, tables[1][0], tables[1][2], tables[0][2], f"the dtype of {tables[0][0]}")
+    for name, _, _, device in heads + tables + grads:
+        if device != q_device:
+            raise ValueError(f"{fn}: {name} is on {device}, but {qn} is on {q_device}; all tensors must be on one device")
 
 
 def _span(t):
