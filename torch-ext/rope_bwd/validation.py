@@ -34,9 +34,12 @@ def check_inputs(fn, heads, tables, grads=()):
     # What follows depends only on names, shapes, dtypes and devices: checked once per
     # combination (host time per call is what a training step at small S waits on).
     metas = [tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)]
+    if torch.compiler.is_compiling():  # checked once per trace; dynamo would warn about the cache
+        _check_meta.__wrapped__(fn, *metas)
+        return
     try:
         _check_meta(fn, *metas)
-    except TypeError:  # symbolic sizes (torch.compile, dynamic shapes) cannot key the cache
+    except TypeError:  # symbolic sizes (fake tensors with dynamic shapes) cannot key the cache
         _check_meta.__wrapped__(fn, *metas)
 
 
