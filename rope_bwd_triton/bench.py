@@ -470,7 +470,8 @@ def render_markdown(runs, plot_path=None, md_path=None) -> str:
         parts += [f"![time and achieved bandwidth against S]({Path(rel).as_posix()})", ""]
     for i, run in enumerate(runs):
         title = "Run" if len(runs) == 1 else f"Run {i + 1}"
-        parts += [f"## {title}: {', '.join(sorted({w['set'] for w in run['workloads']}))} workloads", "",
+        sets = " and ".join(dict.fromkeys(w["set"] for w in run["workloads"]))  # in run order
+        parts += [f"## {title}: {sets} workloads", "",
                   _run_markdown(run)]
     return "\n".join(parts)
 

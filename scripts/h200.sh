@@ -7,8 +7,8 @@
 # runs the stages named as arguments, writing
 # everything under $OUT:
 #   tune   search launch configurations -> torch-ext/rope_bwd/configs/<GPU>.json
-#   bench  benchmark, the 16 public workloads (DESIGN.md section 6)
-#   scaling  benchmark, S = 16384 / 65536 and head_dim 72 / 80
+#   bench  benchmark (DESIGN.md section 6): the 16 public workloads, then S = 16384 / 65536
+#          and head_dim 72 / 80, in one process (one copy-bandwidth figure for all)
 #   tests  the whole pytest suite (GPU tests included)
 #   e2e    Qwen3-Omni vision-encoder training step: eager, kernelized, bound
 #          (E2E_ARGS, default --rounds 10 --iters 50 --profile: traces under $OUT)
@@ -30,8 +30,7 @@ for stage in "$@"; do
   echo "=== $stage"
   case $stage in
     tune)  python3 -m rope_bwd_triton tune --budget "${TUNE_BUDGET:-240}" ${TUNE_ARGS:-} --log "$OUT/tune.json" && cp torch-ext/rope_bwd/configs/*.json "$OUT/" ;;
-    bench) python3 -m rope_bwd_triton bench --set suite --json "$OUT/bench-suite.json" --markdown "$OUT/suite.md" --plot "$OUT/suite.png" ;;
-    scaling) python3 -m rope_bwd_triton bench --set scaling --json "$OUT/bench-scaling.json" --markdown "$OUT/scaling.md" --plot "$OUT/scaling.png" ;;
+    bench) python3 -m rope_bwd_triton bench --set all --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT/bench.png" ;;
     tests) python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
     e2e)   python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
            HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e ${E2E_ARGS:---rounds 10 --iters 50 --profile} --out "$OUT" ;;
