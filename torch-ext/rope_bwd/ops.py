@@ -54,11 +54,6 @@ def _empty_like(t: Tensor) -> Tensor:
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-def _none_marker(t: Tensor) -> Tensor:
-    """An empty tensor in place of an output that was not asked for (custom ops return tensors)."""
-    return t.new_empty((0,))
-
-
 # ---------------------------------------------------------------- forward op
 
 def _rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -91,7 +86,8 @@ def _bwd_outputs(gq, gk, q, table, sin, need_q, need_k):
 
 
 def _markers(outs, likes):
-    return tuple(o if o is not None else _none_marker(like) for o, like in zip(outs, likes))
+    """Empty tensors in place of the outputs not asked for (custom ops return tensors)."""
+    return tuple(o if o is not None else like.new_empty((0,)) for o, like in zip(outs, likes))
 
 
 def _rotary_bwd_eager(
