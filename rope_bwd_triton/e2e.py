@@ -241,6 +241,18 @@ def summarize(results, rounds):
     return out
 
 
+TARGET = 0.03  # the kernelized step within 3% of the identity bound
+
+
+def paired_vs_bound(report, tokens):
+    """Kernelized over identity round by round (a round times the variants back to back, so
+    drift of the machine cancels): (median of kernelized / identity - 1, rounds within TARGET,
+    rounds)."""
+    rounds = report["round_medians_ms"][tokens]
+    ratios = [k / i - 1 for k, i in zip(rounds["kernelized"], rounds["identity"])]
+    return statistics.median(ratios), sum(r <= TARGET for r in ratios), len(ratios)
+
+
 def markdown(report, meta) -> str:
     timer = "CUDA events" if meta["device"] != "CPU" else "wall clock"
     lines = [
@@ -249,13 +261,16 @@ def markdown(report, meta) -> str:
         f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
         f"(torch {meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}).",
         "",
-        "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) | kernelized vs bound | speedup vs eager |",
-        "|---|---|---|---|---|---|",
+        "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) | kernelized vs bound "
+        f"| same, paired by round: median (rounds within {100 * TARGET:.0f}%) | speedup vs eager |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n, r in report["results_ms"].items():
+        paired, within, rounds = paired_vs_bound(report, n)
         lines.append(
             f"| {n} | {r['eager']:.2f} ms | {r['kernelized']:.2f} ms | {r['identity']:.2f} ms "
-            f"| {100 * (r['kernelized'] / r['identity'] - 1):+.1f}% | {r['eager'] / r['kernelized']:.3f}x |"
+            f"| {100 * (r['kernelized'] / r['identity'] - 1):+.1f}% | {100 * paired:+.1f}% ({within} of {rounds}) "
+            f"| {r['eager'] / r['kernelized']:.3f}x |"
         )
     profile = report.get("profile", {})
     lines += [
@@ -297,6 +312,8 @@ def add_arguments(parser):
                         help="after the timing, one more step per variant under torch.profiler: "
                              "profile-<tokens>-<variant>.txt and .json.gz under --out, summary in e2e.json")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for e2e.json and e2e.md")
+    parser.add_argument("--from-json", type=Path, metavar="E2E_JSON",
+                        help="print the tables of a saved e2e.json (no run)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny encoder, 64 tokens, 1 warm-up, 2 rounds of 2 steps, on CPU without a GPU: "
                              "exercises the code path only")
@@ -308,6 +325,10 @@ def main(args) -> int:
 
     from .build import repo_id
 
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        print(markdown({k: v for k, v in saved.items() if k != "meta"}, saved["meta"]))
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
     if args.quick:

@@ -48,9 +48,23 @@ def test_e2e_quick(tmp_path):
     assert profile["identity"]["launches"] < profile["eager"]["launches"]
 
     md = (out / "e2e.md").read_text()
-    assert "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) |" in md
+    assert "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) | kernelized vs bound " in md
     assert "| tokens | variant | step | host enqueue | host wall | rounds | kernel time | idle | kernels |" in md
     assert sum(line.startswith(f"| {n} | ") for line in md.splitlines()) == 1 + len(VARIANTS)
+    # The saved JSON renders the same tables again.
+    again = subprocess.run(
+        [sys.executable, "-m", "rope_bwd_triton", "e2e", "--from-json", str(out / "e2e.json")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert again.returncode == 0 and again.stdout.strip() == md.strip(), again.stderr
+
+
+def test_paired_vs_bound():
+    """Round by round: drift that hits both variants of a round cancels."""
+    report = {"round_medians_ms": {4096: {"kernelized": [10.2, 21.0, 10.5, 31.0], "identity": [10.0, 20.0, 10.0, 30.0]}}}
+    median, within, rounds = e2e.paired_vs_bound(report, 4096)
+    assert rounds == 4 and within == 1  # +2%, +5%, +5%, +3.3%: only the first is within 3%
+    assert abs(median - (0.05 + 1 / 30) / 2) < 1e-12
 
 
 def test_rounds_interleave_and_rotate(monkeypatch):
