@@ -320,15 +320,15 @@ def add_arguments(parser):
 
 
 def main(args) -> int:
+    if args.from_json:  # printing a saved run needs none of the imports below
+        saved = json.loads(args.from_json.read_text())
+        print(markdown({k: v for k, v in saved.items() if k != "meta"}, saved["meta"]))
+        return 0
     import transformers
     import triton
 
     from .build import repo_id
 
-    if args.from_json:
-        saved = json.loads(args.from_json.read_text())
-        print(markdown({k: v for k, v in saved.items() if k != "meta"}, saved["meta"]))
-        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
     if args.quick:
