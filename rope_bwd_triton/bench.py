@@ -2,8 +2,9 @@
 
 Measures, in one process: the device-to-device copy bandwidth; then for every
 workload the byte floor of each task and the cold-L2 GPU time per call (mean of
---calls calls) of our variants and of the peers, each verified against the
-float64 reference before it is timed. Writes JSON (everything measured), a
+--calls calls) of our variants, of the peers and of a device copy of the same
+bytes (a reference), each verified (against the float64 reference; the copy
+against its source) before it is timed. Writes JSON (everything measured), a
 markdown summary (suite mean over the 16 public workloads, per-workload tables,
 verification) and a PNG plot (time and achieved bandwidth against S, with the
 floor), and prints the tables.
@@ -56,6 +57,7 @@ class Impl:
     task: str
     peer: str | None  # which --peers entry enables it; None for ours
     make: object  # (kernel, inputs of the task) -> Call
+    check: object = None  # (Call) -> verification dict, for what the float64 reference does not judge
 
 
 # ------------------------------------------------------------------ inputs
@@ -159,6 +161,32 @@ def _liger(kernel, x):
     return Call(peers.liger_rope_backward(), x[0].clone(), x[1].clone(), x[2], x[3])
 
 
+def _copy(task):
+    """A device-to-device copy of the task's floor bytes (half read, half written): the time
+    of a call that only moves those bytes, its launch and DRAM ramp included, which the
+    floor (bytes / bandwidth of a 1 GiB copy) leaves out."""
+    def make(kernel, x):
+        import torch
+
+        from . import suite
+
+        S, H, D = x[0].shape
+        nbytes = suite.floor_bytes(S, H, D, elem=x[0].element_size(), table_elem=4, mode=TASKS[task][1])
+        src = torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device=x[0].device)
+        dst = torch.empty_like(src)
+        return Call(lambda: (dst.copy_(src), src))
+    return make
+
+
+def _check_copy(call):
+    import torch
+
+    dst, src = call.last
+    same = torch.equal(dst, src)
+    return {"max_rel_err": 0.0 if same else float("inf"), "sol_pass_fraction": 1.0 if same else 0.0,
+            "ok": same, "what": "destination equals source"}
+
+
 IMPLS = [
     Impl("ours_bwd", "ours: rope_bwd(out=)", "bwd", None, _ours_bwd),
     Impl("eager_bwd", "eager PyTorch reference", "bwd", "eager", _peer("eager_backward", False)),
@@ -170,8 +198,8 @@ IMPLS = [
     Impl("ours_bwd_bf16", "ours: rope_bwd(out=), bf16", "bwd_bf16", None, _ours_bwd),
     Impl("ours_fwd", "ours: rope_fwd", "fwd", None, _ours_fwd),
     Impl("ours_fwd_bf16", "ours: rope_fwd, bf16", "fwd_bf16", None, _ours_fwd),
-]
-PEERS = ("eager", "compile", "liger")
+] + [Impl(f"copy_{task}", "device copy of the same bytes", task, "copy", _copy(task), _check_copy) for task in TASKS]
+PEERS = ("eager", "compile", "liger", "copy")
 
 
 def _skip_reason(impl, device):
@@ -232,9 +260,12 @@ def _measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, 
         try:
             call = impl.make(kernel, data.inputs(mode, dtype))
             call()
-            if impl.task not in refs:
-                refs[impl.task] = data.reference(mode, dtype, rows)
-            check = _verify(call.last, refs[impl.task], dtype, rows)
+            if impl.check:
+                check = impl.check(call)
+            else:
+                if impl.task not in refs:
+                    refs[impl.task] = data.reference(mode, dtype, rows)
+                check = _verify(call.last, refs[impl.task], dtype, rows)
             stats = timer(call)
         except Exception as exc:  # one failing peer must not cost the whole (GPU-time limited) run
             results[impl.name] = {"label": impl.label, "task": impl.task, "error": f"{type(exc).__name__}: {exc}"}
@@ -422,20 +453,21 @@ def _run_markdown(run) -> str:
             rows.append(row)
         lines += [f"### {title}", "", _table(header, rows), ""]
 
-    rows, notes = [], set()
+    checks_by_label, notes = {}, set()  # the copy reference has one label for all its tasks
     for name, info in impls.items():
-        checks = [w["results"][name]["verify"] for w in run["workloads"] if "verify" in w["results"][name]]
+        checks = checks_by_label.setdefault(info["label"], [])
         for w in run["workloads"]:
             r = w["results"][name]
+            if "verify" in r:
+                checks.append(r["verify"])
             if "skipped" in r or "error" in r:
                 notes.add(f"{info['label']}: {r.get('skipped') or r.get('error')}")
-        if checks:
-            rows.append([info["label"], f"{max(c['max_rel_err'] for c in checks):.2e}",
-                         f"{min(c['sol_pass_fraction'] for c in checks):.4f}",
-                         "yes" if all(c["ok"] for c in checks) else "**NO**", len(checks)])
-    lines += ["### Verification against the float64 reference (before timing)", "",
+    rows = [[label, f"{max(c['max_rel_err'] for c in checks):.2e}", f"{min(c['sol_pass_fraction'] for c in checks):.4f}",
+             "yes" if all(c["ok"] for c in checks) else "**NO**", len(checks)]
+            for label, checks in checks_by_label.items() if checks]
+    lines += ["### Verification against the float64 reference (before timing; the copy against its source)", "",
               _table(["implementation", "worst rel err", "min SOL pass fraction", "all within tolerance",
-                      "workloads"], rows), ""]
+                      "checks"], rows), ""]
     if notes:
         lines += ["Not measured:", ""] + [f"- {n}" for n in sorted(notes)] + [""]
     return "\n".join(lines)
@@ -460,7 +492,10 @@ real models' table cat(freqs, freqs); forward: `rope_fwd` (allocates). The eager
 and compiled peers allocate their outputs; torch.compile compiles once per shape
 (dynamic=False, recompile limit raised); Liger rotates in place on the same
 buffers at every call (the bytes moved do not depend on the values, and a
-rotation keeps them bounded)."""
+rotation keeps them bounded). "Device copy of the same bytes" is a reference, not a
+peer: one device-to-device copy of each task's floor bytes (half read, half
+written), timed the same way; it shows what a call that only moves those bytes
+takes at each size, launch and DRAM ramp included."""
 
 
 def render_markdown(runs, plot_path=None, md_path=None) -> str:
@@ -494,9 +529,9 @@ def render_plot(runs, path):
                   label=f"floor: {TASKS[task][0]}")
     for name, info in impls.items():
         pts = [(w["S"], w["results"][name]) for w, _ in ws if "time" in w["results"].get(name, {})]
-        if not pts:
+        if not pts or (name.startswith("copy") and info["task"] not in ("bwd", "bwd_qk")):
             continue
-        style = "-o" if name.startswith("ours") else "--s"
+        style = "-o" if name.startswith("ours") else (":" if name.startswith("copy") else "--s")
         label = f"{info['label']} [{info['task']}]"
         ax_t.plot([s for s, _ in pts], [r["time"]["mean_us"] for _, r in pts], style, ms=3, label=label)
         ax_b.plot([s for s, _ in pts], [r["GBps"] for _, r in pts], style, ms=3, label=label)

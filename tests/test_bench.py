@@ -19,7 +19,7 @@ OURS = ["ours_bwd", "ours_bwd_qk", "ours_bwd_bf16", "ours_fwd", "ours_fwd_bf16"]
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     files = {"json": out / "bench.json", "markdown": out / "bench.md", "plot": out / "bench.png"}
-    argv = ["bench", "--quick", "--device", "cpu", "--peers", "eager,compile,liger", "--seq-lens", "8", "33"]
+    argv = ["bench", "--quick", "--device", "cpu", "--peers", "eager,compile,liger,copy", "--seq-lens", "8", "33"]
     for flag, path in files.items():
         argv += [f"--{flag}", str(path)]
     rc = cli.main(argv)
@@ -40,6 +40,9 @@ def test_quick_bench_writes_json_markdown_and_plot(quick_run):
             assert r["verify"]["rows"] == w["S"] and len(r["verify"]["rel_err"]) in (2, 3)
             assert r["time"]["n"] == run["meta"]["calls"] and r["x_floor"] > 0 and r["GBps"] > 0
         assert "skipped" in w["results"]["liger_bwd_qk"]  # needs a CUDA GPU
+        for task in bench.TASKS:  # the copy reference moves each task's floor bytes
+            r = w["results"][f"copy_{task}"]
+            assert r["verify"]["ok"] and r["time"]["n"] == run["meta"]["calls"]
     assert set(run["summary"]["impls"]) >= set(OURS)
     assert run["meta"]["timer_other"] is None and "wall clock" in run["meta"]["timer"]
     # no second figure on the CPU
@@ -51,6 +54,20 @@ def test_quick_bench_writes_json_markdown_and_plot(quick_run):
         assert heading in md
     assert "![time and achieved bandwidth against S](bench.png)" in md
     assert files["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_copy_reference_moves_each_tasks_floor_bytes():
+    S, H, D = 33, 2, 16
+    data = bench.Data(S, H, D, torch.device("cpu"), seed=0)
+    for task, (_, mode, dtype) in bench.TASKS.items():
+        call = bench._copy(task)(None, data.inputs(mode, dtype))
+        call()
+        dst, src = call.last
+        elem = getattr(torch, dtype).itemsize
+        assert 2 * src.numel() == suite.floor_bytes(S, H, D, elem=elem, table_elem=4, mode=mode)
+        assert bench._check_copy(call)["ok"]
+        dst[7] ^= 1  # a copy that got one byte wrong fails its check
+        assert not bench._check_copy(call)["ok"]
 
 
 def test_rerender_from_saved_runs(quick_run, tmp_path):
