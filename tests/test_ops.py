@@ -137,26 +137,37 @@ def test_launch_configurations(kernel, device, cfg, mode, gen):
         pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
     S, HQ, HK, D = 13, 5, 3, 72
     gq, gk, q, k, e = _inputs(S, HQ, D, torch.float32, device, gen, HK=HK)
-    dq, dk, de = _poisoned(q), _poisoned(k), _poisoned(e)
     launch = submodule(kernel, "rotary_triton").launch  # imported at first kernel use: maybe not yet
+    _launch_and_check(launch, mode, cfg, gq, gk, q, k, e)
+
+
+def _launch_and_check(launch, mode, cfg, gq, gk, q, k, e, offset=0):
+    """One launch of the kernel in `mode` on poisoned outputs (views `offset` elements into
+    their buffers), checked against float64."""
+    dtype, what = q.dtype, f", offset {offset}"
+
+    def poisoned(t):
+        return torch.full((t.numel() + offset,), float("nan"), dtype=t.dtype, device=t.device)[offset:].view(t.shape)
+
+    dq, dk, de = poisoned(q), poisoned(k), poisoned(e)
     ref = suite.reference_backward(gq, gk, q, k, e)
     if mode == "bwd":
         launch(gq, gk, dq, dk, q, k, e, None, de, None, adjoint=True, config=cfg)
-        for o, r in zip((dq, dk, de), ref):
-            _close(o, r, torch.float32, mode)
+        for o, r, name in zip((dq, dk, de), ref, ("dq", "dk", "de")):
+            _close(o, r, torch.float32 if name == "de" else dtype, f"{mode} {name}{what}")
     elif mode == "bwd_qk":
         cos, sin = e.cos(), e.sin()
         launch(gq, gk, dq, dk, None, None, cos, sin, None, None, adjoint=True, config=cfg)
-        _close(dq, ref[0], torch.float32, "dq")
-        _close(dk, ref[1], torch.float32, "dk")
+        _close(dq, ref[0], dtype, f"{mode} dq{what}")
+        _close(dk, ref[1], dtype, f"{mode} dk{what}")
     elif mode == "bwd_q_only":
         launch(gq, gk, dq, None, None, None, e, None, None, None, adjoint=True, config=cfg)
-        _close(dq, ref[0], torch.float32, "dq")
+        _close(dq, ref[0], dtype, f"{mode} dq{what}")
         assert dk.isnan().all(), "k side written though not asked for"
     else:
         launch(q, k, dq, dk, None, None, e, None, None, None, adjoint=False, config=cfg)
         for o, r in zip((dq, dk), suite.reference_forward(*(t.cpu().double() for t in (q, k, e)))):
-            _close(o, r, torch.float32, "fwd")
+            _close(o, r, dtype, f"fwd{what}")
 
 
 def test_gradcheck_torch_path(kernel):
@@ -258,10 +269,12 @@ def test_eager_path_matches_the_op(kernel, device, gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_direct_launch_gpu(kernel, dtype, gen, monkeypatch):
+@pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd", "bwd_q_only"])
+def test_direct_launch_gpu(kernel, dtype, mode, gen, monkeypatch):
     """After the first launch of a shape, launches skip Triton's argument binding and call the
-    compiled kernel's launcher. It must see new data, compile anew for pointers of another
-    alignment (Triton specializes on it), and call launch hooks (profilers) as Triton does."""
+    compiled kernel's launcher with addresses (null for the pointers a mode does not use). It
+    must see new data, compile anew for pointers of another alignment (Triton specializes on
+    it), and call launch hooks (profilers) as Triton does."""
     rt = submodule(kernel, "rotary_triton")
     rt._plan.cache_clear()  # no compiled kernel left from other tests
     S, H, D = 33, 4, 72
@@ -275,12 +288,7 @@ def test_direct_launch_gpu(kernel, dtype, gen, monkeypatch):
         base = [torch.randn(S * H * D + offset, generator=gen).to(device="cuda", dtype=dtype) for _ in range(4)]
         gq, gk, q, k = (b[offset:].view(S, H, D) for b in base)
         e = torch.randn(S, D, generator=gen).cuda()
-        outs = [torch.full((S * H * D + offset,), float("nan"), device="cuda", dtype=dtype) for _ in range(2)]
-        dq, dk = (o[offset:].view(S, H, D) for o in outs)
-        de = torch.full_like(e, float("nan"))
-        rt.launch(gq, gk, dq, dk, q, k, e, None, de, None, adjoint=True, config=cfg)
-        for o, r, name in zip((dq, dk, de), suite.reference_backward(gq, gk, q, k, e), ("dq", "dk", "de")):
-            _close(o, r, torch.float32 if name == "de" else dtype, f"{name}, offset {offset}")
+        _launch_and_check(rt.launch, mode, cfg, gq, gk, q, k, e, offset)
 
     check(0)
     assert len(triton_runs) == 1

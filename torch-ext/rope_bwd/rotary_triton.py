@@ -217,25 +217,29 @@ def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
         return
     tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
     # This key is most of the host time of a launch seen before: one pass, no generators.
-    layout = tuple([None if t is None else (t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+    ptrs = [0 if t is None else t.data_ptr() for t in tensors]
+    layout = tuple([None if t is None else (t.stride(), t.dtype, p % 16 == 0) for t, p in zip(tensors, ptrs)])
     plan = _plan(S, HQ, D, x_k.shape[1], adjoint, layout, tuple(config.items()), x_q.device.index)
-    # Unused pointers get a real tensor of the right dtype, so every argument is valid.
-    y_any = y_q if y_q is not None else (y_k if y_k is not None else x_q)
-    args = (
-        x_q, x_k,
-        y_q if y_q is not None else y_any, y_k if y_k is not None else y_any,
-        p_q if p_q is not None else x_q, p_k if p_k is not None else x_k,
-        t0, t1 if t1 is not None else t0,
-        g0 if g0 is not None else t0, g1 if g1 is not None else t0,
-    )
     kernel = plan.compiled
     if kernel is None:
         # Triton's path: compiles on first use. The interpreter returns no compiled kernel,
-        # so it always comes here.
+        # so it always comes here. Unused pointers get a real tensor of the right dtype, so
+        # that every argument is valid.
+        y_any = y_q if y_q is not None else (y_k if y_k is not None else x_q)
+        args = (
+            x_q, x_k,
+            y_q if y_q is not None else y_any, y_k if y_k is not None else y_any,
+            p_q if p_q is not None else x_q, p_k if p_k is not None else x_k,
+            t0, t1 if t1 is not None else t0,
+            g0 if g0 is not None else t0, g1 if g1 is not None else t0,
+        )
         plan.compiled = rotary_kernel[plan.grid](*args, S, **plan.consts)
         return
+    # The launcher takes addresses as ints: for a tensor it would call data_ptr() again and
+    # ask the driver about the pointer (cuPointerGetAttribute), for each of the ten. Unused
+    # pointers are null: the kernel's constexpr flags compile their accesses away.
     stream = triton.runtime.driver.active.get_current_stream(x_q.device.index)
-    args = (*args, S, *plan.const_args)
+    args = (*ptrs, S, *plan.const_args)
     kernel.run(*plan.grid, 1, stream, kernel.function, kernel.packed_metadata,
                kernel.launch_metadata(plan.grid, stream, *args),
                knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
