@@ -1,10 +1,13 @@
 """Host (CPU) time per call of each layer of the rotary launch path, against transformers'
 eager function and an identity, on a small CUDA problem (where host time, not the GPU,
 sets the pace). Run: `python benchmarks/host_overhead.py` (h200.sh stage `host`).
-Figures are microseconds per call, best of three passes of 400 calls, the GPU synchronized
-only between passes."""
+Figures are microseconds per call over passes of 200 calls (the GPU synchronized only between
+passes): the median and the best pass. The rows take turns, one pass each per round, for 15
+rounds, so that a noisy stretch of the host (it varies by 2x within minutes on the H200
+machine) lands on every row rather than on whichever row ran then."""
 
 import os
+import statistics
 import sys
 import time
 
@@ -14,18 +17,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rope_bwd_triton.load import load_kernel, submodule  # noqa: E402
 
 
-def per_call_us(fn, n=400):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    passes = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
+def per_call_us(rows, n=200, rounds=15):
+    """{name: (median, best) us per call}, the rows interleaved pass by pass."""
+    for fn in rows.values():
+        for _ in range(20):
             fn()
-        passes.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return min(passes)
+    torch.cuda.synchronize()
+    passes = {name: [] for name in rows}
+    for _ in range(rounds):
+        for name, fn in rows.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            passes[name].append((time.perf_counter() - t0) / n * 1e6)
+            torch.cuda.synchronize()
+    return {name: (statistics.median(p), min(p)) for name, p in passes.items()}
 
 
 class _Times1(torch.autograd.Function):
@@ -87,8 +93,9 @@ def main():
     }
     print(f"host us per call: S={S}, {H} heads of {D}, bf16, q/k views of qkv; {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}, triton {triton.__version__}")
-    for name, fn in rows.items():
-        print(f"{per_call_us(fn):8.1f}  {name}", flush=True)
+    print("  median    best")
+    for name, (median, best) in per_call_us(rows).items():
+        print(f"{median:8.1f} {best:7.1f}  {name}")
 
 
 if __name__ == "__main__":
