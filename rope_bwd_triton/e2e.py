@@ -13,6 +13,9 @@ over CUDA events, plus the host time per step (is the step host-bound?):
 The kernel resolves like a user's: from the Hub, or offline from a cache installed
 with `python -m rope_bwd_triton publish --to-cache DIR` and run with
 HF_HUB_OFFLINE=1 KERNELS_CACHE=DIR.
+With --compile, every variant runs torch.compile'd (the kernel kernelized with
+Mode.TORCH_COMPILE too): the host time of eager dispatch, which the bound does not
+pay, mostly goes away, so the kernelized-vs-bound gap is then the kernel's GPU time.
 With --profile, one more step per variant runs under torch.profiler: operator table,
 chrome trace and a kernel summary (time, launches, rotary kernels) per variant.
 
@@ -117,15 +120,18 @@ def timed_step(model, pixels, grid_thw):
     return (start.elapsed_time(end) if cuda else wall), (t1 - t0) * 1e3, wall
 
 
-def time_variants(variants, install, inputs, *, warmup, rounds, per_round):
+def time_variants(variants, install, inputs, *, warmup, rounds, per_round, after_warmup=None):
     """Every variant warmed up first, then `rounds` rounds of `per_round` steps of each
     variant in turn, the order rotated each round, so that drift (clocks, temperature,
-    allocator) is shared by all variants. {variant: [(step, enqueue, wall) ms, ...]}."""
+    allocator) is shared by all variants. {variant: [(step, enqueue, wall) ms, ...]}.
+    after_warmup() is called between the two."""
     names = list(variants)
     for name in names:
         install(name)
         for _ in range(warmup):
             timed_step(variants[name], *inputs)
+    if after_warmup:
+        after_warmup()
     steps = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -186,9 +192,20 @@ def profile_step(model, pixels, grid_thw, path_stem: Path):
     return summary
 
 
-def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_round, profile_dir=None):
-    """{tokens: {variant: {"steps": [(step, enqueue, wall) ms, ...], "profile": summary}}}
-    ("profile" only with profile_dir); transformers' rotary is restored afterwards."""
+def _compiled_frames() -> int:
+    """Frames dynamo has compiled in this process (it counts cache misses, not calls)."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["total"]
+
+
+def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_round, profile_dir=None,
+        compile=False):
+    """({tokens: {variant: {"steps": [(step, enqueue, wall) ms, ...], "profile": summary}}},
+    {tokens: {"warm-up": frames, "timed": frames}} compiled by dynamo when compile else {})
+    ("profile" only with profile_dir); transformers' rotary is restored afterwards.
+    compile: kernelize with Mode.TORCH_COMPILE too, then every model compiled in place
+    (nn.Module.compile); its warm-up steps compile each variant."""
     import kernels
 
     rope = kernels.get_kernel(repo_id, version=1, trust_remote_code=True)
@@ -196,12 +213,21 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
     modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     original = modeling.apply_rotary_pos_emb_vision
     eager = make_vision_model(family, dtype=dtype, device=device, **model_config)
+    mode = kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE if compile else kernels.Mode.TRAINING
     kernelized = rope.integrations.kernelize_vision_rotary(
-        copy.deepcopy(eager), mode=kernels.Mode.TRAINING, device=device.type, repo_id=repo_id)
+        copy.deepcopy(eager), mode=mode, device=device.type, repo_id=repo_id)
     layer = modeling.apply_rotary_pos_emb_vision
     try:
         if layer.forward.__func__ is not rope.layers.ApplyRotaryPosEmbVision.forward:
             raise RuntimeError("kernelize kept transformers' rotary: no kernel would be timed")
+        if compile:
+            # dynamo guards on the rotary global, so each variant gets its own graphs (made in
+            # its warm-up) and the rounds switch between them without recompiling.
+            from .peers import raise_recompile_limit
+
+            raise_recompile_limit()
+            eager.compile()
+            kernelized.compile()
         # The rotary is a module global shared by every model of the family: each
         # variant installs its own before its steps.
         models = {"eager": eager, "kernelized": kernelized, "identity": eager}
@@ -210,16 +236,21 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
         def install(name):
             modeling.apply_rotary_pos_emb_vision = rotaries[name]
 
-        results = {}
+        results, frames = {}, {}
         for n in tokens:
             inputs = make_images(eager, [square_grid(n, eager.config.spatial_merge_size)])
-            steps = time_variants(models, install, inputs, warmup=warmup, rounds=rounds, per_round=per_round)
+            start = _compiled_frames()
+            warm = []
+            steps = time_variants(models, install, inputs, warmup=warmup, rounds=rounds, per_round=per_round,
+                                  after_warmup=lambda: warm.append(_compiled_frames()))
+            if compile:
+                frames[n] = {"warm-up": warm[0] - start, "timed": _compiled_frames() - warm[0]}
             results[n] = {name: {"steps": s} for name, s in steps.items()}
             if profile_dir is not None:
                 for name in models:
                     install(name)
                     results[n][name]["profile"] = profile_step(models[name], *inputs, profile_dir / f"profile-{n}-{name}")
-        return results
+        return results, frames
     finally:
         rope.integrations.restore_transformers()
 
@@ -255,8 +286,10 @@ def paired_vs_bound(report, tokens):
 
 def markdown(report, meta) -> str:
     timer = "CUDA events" if meta["device"] != "CPU" else "wall clock"
+    compiled = (", every variant torch.compile'd (kernelize with Mode.TRAINING | Mode.TORCH_COMPILE, "
+                "then nn.Module.compile; the warm-up steps compile)") if meta.get("compile") else ""
     lines = [
-        f"Qwen3-Omni vision encoder training step (fwd+bwd), {meta['device']}, {meta['dtype']}, "
+        f"Qwen3-Omni vision encoder training step (fwd+bwd){compiled}, {meta['device']}, {meta['dtype']}, "
         f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
         f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
         f"(torch {meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}).",
@@ -272,6 +305,11 @@ def markdown(report, meta) -> str:
             f"| {100 * (r['kernelized'] / r['identity'] - 1):+.1f}% | {100 * paired:+.1f}% ({within} of {rounds}) "
             f"| {r['eager'] / r['kernelized']:.3f}x |"
         )
+    frames = report.get("compiled_frames", {})
+    if frames:
+        lines += ["", "Frames compiled by dynamo, all variants: "
+                  + "; ".join(f"{n} tokens {f['warm-up']} in the warm-up, {f['timed']} while timed"
+                              for n, f in frames.items()) + "."]
     profile = report.get("profile", {})
     lines += [
         "",
@@ -311,6 +349,9 @@ def add_arguments(parser):
     parser.add_argument("--profile", action="store_true",
                         help="after the timing, one more step per variant under torch.profiler: "
                              "profile-<tokens>-<variant>.txt and .json.gz under --out, summary in e2e.json")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile every variant (kernelize with Mode.TORCH_COMPILE too); "
+                             "the warm-up steps compile, so give at least one")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for e2e.json and e2e.md")
     parser.add_argument("--from-json", type=Path, metavar="E2E_JSON",
                         help="print the tables of a saved e2e.json (no run)")
@@ -339,18 +380,22 @@ def main(args) -> int:
         raise SystemExit(f"--iters ({iters}) must be a positive multiple of --rounds ({rounds})")
     args.repo_id = args.repo_id or repo_id()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = run(tokens=tokens, repo_id=args.repo_id, device=device, dtype=dtype, model_config=config,
-                  warmup=warmup, rounds=rounds, per_round=iters // rounds,
-                  profile_dir=args.out if args.profile else None)
+    if args.compile and warmup < 1:
+        raise SystemExit("--compile needs at least one warm-up step: it compiles each variant")
+    results, frames = run(tokens=tokens, repo_id=args.repo_id, device=device, dtype=dtype, model_config=config,
+                          warmup=warmup, rounds=rounds, per_round=iters // rounds,
+                          profile_dir=args.out if args.profile else None, compile=args.compile)
     meta = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
         "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "iters": iters,
         "rounds": rounds, "steps_per_round": iters // rounds,
         "model": ", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
         "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
-        "repo_id": args.repo_id,
+        "repo_id": args.repo_id, "compile": args.compile,
     }
     report = summarize(results, rounds)
+    if frames:
+        report["compiled_frames"] = frames
     md = markdown(report, meta)
     print(md)
     (args.out / "e2e.json").write_text(json.dumps({"meta": meta, **report}, indent=2) + "\n")

@@ -34,15 +34,20 @@ def eager_backward_qk(grad_q_embed, grad_k_embed, cos, sin):
             grad_k_embed * c + rotate_half_adjoint(grad_k_embed * s))
 
 
-def compiled(fn):
-    """torch.compile(fn) that compiles once per input shape (no dynamic shapes) and
-    never falls back to eager because the suite's 16+ shapes pass the recompile limit."""
+def raise_recompile_limit(limit=1024):
+    """Dynamo falls back to eager for a function recompiled more than its limit (8) times."""
     import torch._dynamo
 
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
                  "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 1024))
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+
+
+def compiled(fn):
+    """torch.compile(fn) that compiles once per input shape (no dynamic shapes) and
+    never falls back to eager because the suite's 16+ shapes pass the recompile limit."""
+    raise_recompile_limit()
     return torch.compile(fn, dynamic=False)
 
 

@@ -12,17 +12,23 @@ from rope_bwd_triton import REPO_ROOT, e2e, publish
 VARIANTS = ("eager", "kernelized", "identity")
 
 
-def test_e2e_quick(tmp_path):
+def _quick_e2e(tmp_path, *flags):
+    """`e2e --quick` in a fresh process, the kernel loaded offline from a Hub cache:
+    (its environment, output folder, e2e.json)."""
     publish.install_build(tmp_path / "cache")
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "TRITON_INTERPRET")}
     env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"), HF_HUB_CACHE=str(tmp_path / "hub"))
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "rope_bwd_triton", "e2e", "--quick", "--profile", "--out", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "rope_bwd_triton", "e2e", "--quick", *flags, "--out", str(out)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((out / "e2e.json").read_text())
+    return env, out, json.loads((out / "e2e.json").read_text())
+
+
+def test_e2e_quick(tmp_path):
+    env, out, report = _quick_e2e(tmp_path, "--profile")
     assert report["meta"]["rounds"] * report["meta"]["steps_per_round"] == report["meta"]["iters"]
     (n, row), = report["results_ms"].items()
     assert set(row) == set(VARIANTS) and all(v > 0 for v in row.values())
@@ -57,6 +63,23 @@ def test_e2e_quick(tmp_path):
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert again.returncode == 0 and again.stdout.strip() == md.strip(), again.stderr
+
+
+def test_e2e_quick_compiled(tmp_path):
+    """--compile: every variant compiled in its warm-up, and the timed rounds switch between the
+    variants' graphs without compiling again (dynamo guards on the rotary global); only the
+    kernelized graphs call our op."""
+    _, out, report = _quick_e2e(tmp_path, "--compile", "--profile")
+    assert report["meta"]["compile"] is True
+    (n, row), = report["results_ms"].items()
+    assert set(row) == set(VARIANTS) and all(v > 0 for v in row.values())
+    frames = report["compiled_frames"][n]
+    assert frames["warm-up"] > 0 and frames["timed"] == 0
+    profile = report["profile"][n]
+    assert profile["kernelized"]["rotary_launches"] > 0
+    assert profile["eager"]["rotary_launches"] == profile["identity"]["rotary_launches"] == 0
+    md = (out / "e2e.md").read_text()
+    assert "every variant torch.compile'd" in md and f"{n} tokens {frames['warm-up']} in the warm-up, 0 while timed" in md
 
 
 def test_paired_vs_bound():
