@@ -86,6 +86,8 @@ def main():
         "ours forward + backward (eager path)": fwd_bwd(rope.apply_rotary_pos_emb_vision),
         "ours forward + backward (custom op autograd, as traced)": fwd_bwd(ops.rotary_fwd),
         "transformers forward + backward": fwd_bwd(modeling.apply_rotary_pos_emb_vision),
+        "ours forward + backward, torch.compile'd": fwd_bwd(torch.compile(rope.apply_rotary_pos_emb_vision)),
+        "transformers forward + backward, torch.compile'd": fwd_bwd(torch.compile(modeling.apply_rotary_pos_emb_vision)),
         "identity (q, k) forward + backward": fwd_bwd(lambda q, k, cos, sin: (q, k)),
         "q * 1, k * 1 forward + backward (two aten kernels each way)": fwd_bwd(lambda q, k, cos, sin: (q * 1, k * 1)),
         "same in a Python autograd.Function (its cost over C++ nodes)": fwd_bwd(_Times1.apply),

@@ -1,16 +1,25 @@
 """torch.library.opcheck of the three custom ops, and torch.compile(fullgraph=True)
 of modules that use the public functions: no graph break, same results as eager,
-and one compilation for every sequence length once S is marked dynamic."""
+one compilation for every sequence length once S is marked dynamic, and what the
+compiled code runs: the kernel launched by inductor itself (CUDA, static shapes),
+rotary_torch's math fused by inductor (CPU), or the opaque ops (symbolic strides,
+Triton's interpreter)."""
+
+import contextlib
+import os
+from unittest import mock
 
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._inductor.graph import GraphLowering
 
 from rope_bwd_triton import suite
 
 from conftest import DEVICES
 
 D = 8
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def rnd(gen, device, *shape, dtype=torch.float32, grad=False):
@@ -106,6 +115,38 @@ def _run(module, x, cos, sin, w):
     return [y.detach(), *(g for g in grads if g is not None)]
 
 
+def _compiled_calls(kernel, code: str) -> set:
+    """What the compiled code runs of ours: "kernel" (rotary_kernel launched by inductor),
+    the names of our ops it calls."""
+    ns = kernel._ops.add_op_namespace_prefix("").removesuffix("::")
+    names = {"rotary_fwd", "rotary_bwd", "rotary_fwd_opaque", "rotary_bwd_opaque"}
+    calls = {n for n in names if f"torch.ops.{ns}.{n}.default(" in code}
+    return calls | ({"kernel"} if "rotary_kernel" in code else set())
+
+
+@contextlib.contextmanager
+def _generated_code():
+    """The code inductor generates inside the block (as run_and_get_code, minus its
+    dynamo reset); compiled graphs are not taken from the on-disk caches, which skip codegen."""
+    code = []
+    with mock.patch.object(GraphLowering, "save_output_code", code.append), \
+            torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield code
+
+
+def _check_compiled(module, compiled, x, cos, sin, w, n_grads):
+    """Compiled forward + backward against eager: (their results agree; the generated code)."""
+    eager = _run(module, x, cos, sin, w)
+    with _generated_code() as code:
+        got = _run(compiled, x, cos, sin, w)
+    assert len(got) == len(eager) == n_grads
+    for g, e in zip(got, eager):
+        # Same ops in the same precision; only the fusion of the elementwise tail may differ.
+        assert suite.rel_err(g, e) <= 1e-6
+    return "\n".join(code)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("table_grad", [False, True], ids=["cos_sin_buffers", "cos_sin_grad"])
 def test_compile_dynamic_seq_len(kernel, gen, device, table_grad):
@@ -120,15 +161,32 @@ def test_compile_dynamic_seq_len(kernel, gen, device, table_grad):
         w = rnd(gen, device, S, H, D)
         for t in (x, cos, sin):
             torch._dynamo.mark_dynamic(t, 0)
-        eager = _run(module, x, cos, sin, w)
         # The second length must reuse the first compilation.
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            got = _run(compiled, x, cos, sin, w)
-        assert len(got) == len(eager) == (6 if table_grad else 4)
-        for g, e in zip(got, eager):
-            # Same ops in the same precision; only the fusion of the elementwise tail may differ.
-            assert suite.rel_err(g, e) <= 1e-6
+            code = _check_compiled(module, compiled, x, cos, sin, w, 6 if table_grad else 4)
+        if i == 0:  # symbolic S: the kernel (constexpr strides) runs through the opaque ops
+            want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if device == "cuda" or INTERPRET else set()
+            assert _compiled_calls(kernel, code) == want
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("table_grad", [False, True], ids=["cos_sin_buffers", "cos_sin_grad"])
+def test_compile_static_inlines_the_kernel(kernel, gen, device, table_grad):
+    """Static shapes: inductor launches rotary_kernel from its own code on CUDA (no Python
+    op per step) and fuses rotary_torch's math on CPU; the interpreter keeps the opaque ops."""
+    torch.compiler.reset()
+    hidden, S = 16, 9
+    module = VisionAttentionRope(kernel, hidden).to(device)
+    compiled = torch.compile(module, backend="inductor", fullgraph=True)
+    x = rnd(gen, device, S, hidden, grad=True)
+    cos, sin = rnd(gen, device, S, D, grad=table_grad), rnd(gen, device, S, D, grad=table_grad)
+    code = _check_compiled(module, compiled, x, cos, sin, rnd(gen, device, S, H, D), 6 if table_grad else 4)
+    if device == "cuda":
+        want = {"kernel"}
+    else:
+        want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
+    assert _compiled_calls(kernel, code) == want
 
 
 @pytest.mark.parametrize("device", DEVICES)

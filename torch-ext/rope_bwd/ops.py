@@ -1,7 +1,7 @@
 """Custom ops (torch.library) and the public functions.
 
-Three ops, named through add_op_namespace_prefix so that several builds can be
-loaded in one process:
+Ops, named through add_op_namespace_prefix so that several builds can be loaded
+in one process:
     rotary_fwd    (q, k, table, sin?) -> (q_embed, k_embed)          autograd: rotary_bwd
     rotary_bwd    (gq, gk, q?, k?, table, sin?, need_q, need_k) -> (dq, dk, dtable, dsin)
     rope_bwd_out  the same backward written into caller buffers (destination passing)
@@ -12,6 +12,13 @@ Dispatch: CUDA tensors run the Triton kernel; CPU tensors run rotary_torch,
 or the Triton kernel in Triton's interpreter when TRITON_INTERPRET=1. The public
 functions reach the same implementations through an autograd.Function in eager
 mode (no dispatcher round trip: host time) and through the ops when traced.
+
+rotary_fwd and rotary_bwd are triton_ops: torch.compile traces into them, so that
+inductor launches the kernel from its generated code (or fuses rotary_torch's math
+on CPU) instead of calling a Python op in every step. The kernel's strides are
+constexprs, so a trace with symbolic sizes or strides (dynamic shapes), or one
+that runs the kernel in the interpreter, calls an opaque twin (`*_opaque`)
+instead, which launches as eager calls do.
 """
 
 import contextlib
@@ -38,11 +45,24 @@ def _rotary_triton():
     return rotary_triton
 
 
+def _opaque_in_trace(*tensors) -> bool:
+    """Whether a traced call (fake or functional tensors) must run the kernel through an
+    opaque op: inductor can launch it only on CUDA and with every size and stride an int."""
+    t = tensors[0]
+    if type(t) is Tensor or not _use_triton(t):
+        return False
+    return not (t.is_cuda and all(
+        isinstance(n, int) for x in tensors if x is not None for n in (*x.shape, *x.stride())))
+
+
 def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
     mode = "fwd" if not adjoint else ("bwd" if g0 is not None else "bwd_qk")
     S, HQ, D = x_q.shape
     device = x_q.device
     cfg = tuning.cached_config(mode, S, HQ, x_k.shape[1], D, x_q.element_size(), device)
+    if type(x_q) is not Tensor:  # traced (see _opaque_in_trace)
+        _rotary_triton().launch_traced(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, adjoint=adjoint, config=cfg)
+        return
     # Triton launches on the current device: make it the tensors' one (switching costs host time).
     switch = device.type == "cuda" and device.index != torch.cuda.current_device()
     with torch.cuda.device(device) if switch else contextlib.nullcontext():
@@ -64,12 +84,18 @@ def _rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> t
     return q_embed, k_embed
 
 
-rotary_fwd = torch.library.custom_op(add_op_namespace_prefix("rotary_fwd"), mutates_args=())(_rotary_fwd)
+_rotary_fwd_opaque = torch.library.custom_op(add_op_namespace_prefix("rotary_fwd_opaque"), mutates_args=())(_rotary_fwd)
 
 
-@rotary_fwd.register_fake
+@_rotary_fwd_opaque.register_fake
 def _(q, k, table, sin):
     return _empty_like(q), _empty_like(k)
+
+
+@torch.library.triton_op(add_op_namespace_prefix("rotary_fwd"), mutates_args=())
+def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    fn = _rotary_fwd_opaque if _opaque_in_trace(q, k, table, sin) else _rotary_fwd
+    return fn(q, k, table, sin)
 
 
 # --------------------------------------------------------------- backward op
@@ -102,17 +128,28 @@ def _rotary_bwd_eager(
     return outs
 
 
-@torch.library.custom_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
-def rotary_bwd(
+def _rotary_bwd(
     gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
     table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _markers(_rotary_bwd_eager(gq, gk, q, k, table, sin, need_q, need_k), (gq, gk, table, table))
 
 
-@rotary_bwd.register_fake
+_rotary_bwd_opaque = torch.library.custom_op(add_op_namespace_prefix("rotary_bwd_opaque"), mutates_args=())(_rotary_bwd)
+
+
+@_rotary_bwd_opaque.register_fake
 def _(gq, gk, q, k, table, sin, need_q, need_k):
     return _markers(_bwd_outputs(gq, gk, q, table, sin, need_q, need_k), (gq, gk, table, table))
+
+
+@torch.library.triton_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
+def rotary_bwd(
+    gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
+    table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    fn = _rotary_bwd_opaque if _opaque_in_trace(gq, gk, q, k, table, sin) else _rotary_bwd
+    return fn(gq, gk, q, k, table, sin, need_q, need_k)
 
 
 @torch.library.custom_op(

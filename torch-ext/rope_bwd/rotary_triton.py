@@ -207,6 +207,20 @@ def _plan(S, HQ, D, HK, adjoint, layout, config, device):
     return _Plan(grid, consts)
 
 
+def _pointer_args(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1):
+    """The ten tensors, each unused one replaced by a used tensor of its kind (an output for
+    outputs, an input for inputs), so that every argument is valid and inductor, which reads
+    what the kernel stores to, sees no input written."""
+    y_any = next(t for t in (y_q, y_k, g0) if t is not None)
+    return (
+        x_q, x_k,
+        y_q if y_q is not None else y_any, y_k if y_k is not None else y_any,
+        p_q if p_q is not None else x_q, p_k if p_k is not None else x_k,
+        t0, t1 if t1 is not None else t0,
+        g0 if g0 is not None else y_any, g1 if g1 is not None else y_any,
+    )
+
+
 def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
     """Run the kernel on the current device. Tensors that a mode does not use may be None
     (y_q/y_k when that side is not written; p_*, g* without a table gradient; t1, g1 in
@@ -223,17 +237,8 @@ def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
     kernel = plan.compiled
     if kernel is None:
         # Triton's path: compiles on first use. The interpreter returns no compiled kernel,
-        # so it always comes here. Unused pointers get a real tensor of the right dtype, so
-        # that every argument is valid.
-        y_any = y_q if y_q is not None else (y_k if y_k is not None else x_q)
-        args = (
-            x_q, x_k,
-            y_q if y_q is not None else y_any, y_k if y_k is not None else y_any,
-            p_q if p_q is not None else x_q, p_k if p_k is not None else x_k,
-            t0, t1 if t1 is not None else t0,
-            g0 if g0 is not None else t0, g1 if g1 is not None else t0,
-        )
-        plan.compiled = rotary_kernel[plan.grid](*args, S, **plan.consts)
+        # so it always comes here.
+        plan.compiled = rotary_kernel[plan.grid](*_pointer_args(*tensors), S, **plan.consts)
         return
     # The launcher takes addresses as ints: for a tensor it would call data_ptr() again and
     # ask the driver about the pointer (cuPointerGetAttribute), for each of the ten. Unused
@@ -243,3 +248,20 @@ def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
     kernel.run(*plan.grid, 1, stream, kernel.function, kernel.packed_metadata,
                kernel.launch_metadata(plan.grid, stream, *args),
                knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+
+
+def launch_traced(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
+    """launch() for torch.compile's tracing (fake or functional tensors, every size and
+    stride an int): through torch.library.wrap_triton, so that inductor sees the kernel
+    and launches it from its generated code, with no Python op left on the step's host
+    path. Called with real tensors (a triton_op run eagerly), it is Triton's own launch."""
+    from torch.library import wrap_triton
+
+    S, HQ, D = x_q.shape
+    if S == 0:
+        return
+    tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
+    # No pointer alignment in the key: traced tensors have no address (inductor specializes).
+    layout = tuple(None if t is None else (t.stride(), t.dtype, None) for t in tensors)
+    plan = _plan(S, HQ, D, x_k.shape[1], adjoint, layout, tuple(config.items()), x_q.device.index)
+    wrap_triton(rotary_kernel)[plan.grid](*_pointer_args(*tensors), S, **plan.consts)
