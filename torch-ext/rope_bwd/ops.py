@@ -23,6 +23,7 @@ instead, which launches as eager calls do.
 
 import contextlib
 import functools
+import logging
 import os
 from typing import Optional
 
@@ -53,6 +54,21 @@ def _opaque_in_trace(*tensors) -> bool:
         return False
     return not (t.is_cuda and all(
         isinstance(n, int) for x in tensors if x is not None for n in (*x.shape, *x.stride())))
+
+
+def _triton_op(name):
+    """torch.library.triton_op(<namespace>::name). Defining one looks for Triton kernels in
+    the function and logs a warning when Triton cannot be imported: CPU machines need no
+    Triton (traced, the op is rotary_torch's math there), so that warning is kept quiet."""
+    def define(fn):
+        log = logging.getLogger("torch._library.triton")
+        level = log.level
+        log.setLevel(logging.ERROR)
+        try:
+            return torch.library.triton_op(add_op_namespace_prefix(name), mutates_args=())(fn)
+        finally:
+            log.setLevel(level)
+    return define
 
 
 def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
@@ -92,7 +108,7 @@ def _(q, k, table, sin):
     return _empty_like(q), _empty_like(k)
 
 
-@torch.library.triton_op(add_op_namespace_prefix("rotary_fwd"), mutates_args=())
+@_triton_op("rotary_fwd")
 def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     fn = _rotary_fwd_opaque if _opaque_in_trace(q, k, table, sin) else _rotary_fwd
     return fn(q, k, table, sin)
@@ -143,7 +159,7 @@ def _(gq, gk, q, k, table, sin, need_q, need_k):
     return _markers(_bwd_outputs(gq, gk, q, table, sin, need_q, need_k), (gq, gk, table, table))
 
 
-@torch.library.triton_op(add_op_namespace_prefix("rotary_bwd"), mutates_args=())
+@_triton_op("rotary_bwd")
 def rotary_bwd(
     gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
     table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
