@@ -1,9 +1,9 @@
 """torch.library.opcheck of the three custom ops, and torch.compile(fullgraph=True)
 of modules that use the public functions: no graph break, same results as eager,
 one compilation for every sequence length once S is marked dynamic, and what the
-compiled code runs: the kernel launched by inductor itself (CUDA, static shapes),
-rotary_torch's math fused by inductor (CPU), or the opaque ops (symbolic strides,
-Triton's interpreter)."""
+compiled code runs: the kernel launched by inductor itself (CUDA, S static or
+dynamic), rotary_torch's math fused by inductor (CPU), or the opaque ops (Triton's
+interpreter)."""
 
 import contextlib
 import os
@@ -91,8 +91,9 @@ H = 2
 
 
 class VisionAttentionRope(torch.nn.Module):
-    """The real models' pattern: q and k are strided views of one qkv projection,
-    rotated by apply_rotary_pos_emb_vision, then used."""
+    """The real models' pattern: q and k are strided views of one qkv projection, rotated
+    by apply_rotary_pos_emb_vision, then attended to as [H, S, D]: their gradients come
+    back transposed (head stride S*D, symbolic when S is)."""
 
     def __init__(self, kernel, hidden):
         super().__init__()
@@ -102,7 +103,8 @@ class VisionAttentionRope(torch.nn.Module):
     def forward(self, x, cos, sin):
         q, k, v = self.qkv(x).reshape(x.shape[0], 3, H, D).permute(1, 0, 2, 3).unbind(0)
         q, k = self.kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
-        return (q * k).sum(-1, keepdim=True) * v
+        out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)))
+        return out.transpose(0, 1)
 
 
 def _run(module, x, cos, sin, w):
@@ -164,8 +166,8 @@ def test_compile_dynamic_seq_len(kernel, gen, device, table_grad):
         # The second length must reuse the first compilation.
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             code = _check_compiled(module, compiled, x, cos, sin, w, 6 if table_grad else 4)
-        if i == 0:  # symbolic S: the kernel (constexpr strides) runs through the opaque ops
-            want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if device == "cuda" or INTERPRET else set()
+        if i == 0:  # symbolic S: inductor still launches the kernel itself (static strides)
+            want = {"kernel"} if device == "cuda" else {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
             assert _compiled_calls(kernel, code) == want
     assert counter.frame_count == 1
 
@@ -187,6 +189,28 @@ def test_compile_static_inlines_the_kernel(kernel, gen, device, table_grad):
     else:
         want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
     assert _compiled_calls(kernel, code) == want
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_symbolic_heads_take_the_opaque_ops(kernel, gen, device):
+    """Head counts and head_dim are constexprs of the kernel: with every size symbolic
+    (dynamic=True), CUDA runs the kernel through the opaque ops, and the results are eager's."""
+    torch.compiler.reset()
+    fn = kernel.apply_rotary_pos_emb_vision
+    compiled = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=True)
+    with _generated_code() as code:
+        for S, hq, hk, d in ((7, 3, 2, 6), (11, 2, 4, 10)):
+            q, k = rnd(gen, device, S, hq, d, grad=True), rnd(gen, device, S, hk, d, grad=True)
+            cos, sin = rnd(gen, device, S, d, grad=True), rnd(gen, device, S, d, grad=True)
+            gq, gk = rnd(gen, device, S, hq, d), rnd(gen, device, S, hk, d)
+            results = []
+            for f in (fn, compiled):
+                out = f(q, k, cos, sin)
+                results.append([*out, *torch.autograd.grad(out, (q, k, cos, sin), (gq, gk))])
+            for g, e in zip(*results):
+                assert suite.rel_err(g, e) <= 1e-6
+    want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if device == "cuda" or INTERPRET else set()
+    assert _compiled_calls(kernel, "\n".join(code)) == want
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -34,6 +34,19 @@ def tuning(kernel, monkeypatch, tmp_path):
     t.tuned_table.cache_clear()
 
 
+def test_symbolic_seq_len_picks_the_config_of_its_hint_without_a_guard(kernel):
+    """Under torch.compile with S dynamic, the launch configuration is the one of the S the
+    trace saw (every configuration is correct for every S); asking adds no guard."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    S = env.create_symintnode(env.create_symbol(4097, ConstantSource("S")), hint=4097)
+    assert kernel.ops._size_hint(S) == 4097 and kernel.ops._size_hint(4097) == 4097
+    assert not env.guards
+    assert kernel.ops._size_hint(env.create_unbacked_symint()) == 4096  # data-dependent: no hint
+
+
 @pytest.mark.kernels_ci
 def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
     S, H, D = 2213, 16, 128

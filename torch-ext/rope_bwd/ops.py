@@ -15,10 +15,10 @@ mode (no dispatcher round trip: host time) and through the ops when traced.
 
 rotary_fwd and rotary_bwd are triton_ops: torch.compile traces into them, so that
 inductor launches the kernel from its generated code (or fuses rotary_torch's math
-on CPU) instead of calling a Python op in every step. The kernel's strides are
-constexprs, so a trace with symbolic sizes or strides (dynamic shapes), or one
-that runs the kernel in the interpreter, calls an opaque twin (`*_opaque`)
-instead, which launches as eager calls do.
+on CPU) instead of calling a Python op in every step, with S static or dynamic.
+The kernel's head counts, head_dim and strides are constexprs, so a trace with
+those symbolic, or one that runs the kernel in the interpreter, calls an opaque
+twin (`*_opaque`) instead, which launches as eager calls do.
 """
 
 import contextlib
@@ -48,12 +48,23 @@ def _rotary_triton():
 
 def _opaque_in_trace(*tensors) -> bool:
     """Whether a traced call (fake or functional tensors) must run the kernel through an
-    opaque op: inductor can launch it only on CUDA and with every size and stride an int."""
+    opaque op: inductor can launch it only on CUDA, and only with the head counts and
+    head_dim ints (constexprs of the kernel); S may be symbolic (launch_traced)."""
     t = tensors[0]
     if type(t) is Tensor or not _use_triton(t):
         return False
-    return not (t.is_cuda and all(
-        isinstance(n, int) for x in tensors if x is not None for n in (*x.shape, *x.stride())))
+    return not (t.is_cuda and all(isinstance(n, int) for x in tensors if x is not None for n in x.shape[1:]))
+
+
+def _size_hint(n) -> int:
+    """An int for a size that may be symbolic, without adding a guard: what S is expected
+    to be, to choose a launch configuration (every configuration is correct for every S)."""
+    if isinstance(n, int):
+        return n
+    # The value seen when the trace started (torch's hint_int/optimization_hint read the same
+    # but change name and warn across releases); none for data-dependent sizes.
+    hint = n.node.hint
+    return hint if isinstance(hint, int) else 4096
 
 
 def _triton_op(name):
@@ -75,7 +86,7 @@ def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
     mode = "fwd" if not adjoint else ("bwd" if g0 is not None else "bwd_qk")
     S, HQ, D = x_q.shape
     device = x_q.device
-    cfg = tuning.cached_config(mode, S, HQ, x_k.shape[1], D, x_q.element_size(), device)
+    cfg = tuning.cached_config(mode, _size_hint(S), HQ, x_k.shape[1], D, x_q.element_size(), device)
     if type(x_q) is not Tensor:  # traced (see _opaque_in_trace)
         _rotary_triton().launch_traced(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, adjoint=adjoint, config=cfg)
         return

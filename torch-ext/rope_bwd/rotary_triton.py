@@ -188,23 +188,30 @@ class _Plan:
         self.compiled = None
 
 
-@functools.lru_cache(maxsize=1024)
-def _plan(S, HQ, D, HK, adjoint, layout, config, device):
-    """The _Plan of one launch, cached. `layout` holds, per tensor argument, None (unused)
-    or (strides, dtype, 16-byte alignment of its pointer); dtypes and alignment only key
-    the compiled kernel (Triton compiles one per value), like `device`."""
+def _grid(S, D, cfg):
+    return (triton.cdiv(S, cfg["BLOCK_S"]), triton.cdiv(D // 2, cfg["BLOCK_D"]))
+
+
+def _constexprs(HQ, D, HK, adjoint, layout, config):
+    """The kernel's constexprs. `layout` holds, per tensor argument, None (unused) or
+    (strides, dtype, 16-byte alignment of its pointer): the strides are constexprs; dtypes
+    and alignment only key the compiled kernel (Triton compiles one per value)."""
     cfg = dict(config)
-    grid = (triton.cdiv(S, cfg["BLOCK_S"]), triton.cdiv(D // 2, cfg["BLOCK_D"]))
     ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)  # unused tensors get zero strides
     flat = (st for lay, n in zip(layout, ndims) for st in (lay[0] if lay else (0,) * n))
     y_q, y_k, g0, t1 = layout[2], layout[3], layout[8], layout[7]
-    consts = dict(
+    return dict(
         HQ=HQ, HK=HK, HALF=D // 2, **dict(zip(STRIDES, flat)),
         BLOCK_S=cfg["BLOCK_S"], BLOCK_D=cfg["BLOCK_D"], BLOCK_R=cfg["BLOCK_R"],
         ADJOINT=adjoint, ANGLES=t1 is None, WRITE_Q=y_q is not None, WRITE_K=y_k is not None,
         GRAD_TABLE=g0 is not None, num_warps=cfg["num_warps"],
     )
-    return _Plan(grid, consts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(S, HQ, D, HK, adjoint, layout, config, device):
+    """The _Plan of one launch, cached (`device` keys the compiled kernel)."""
+    return _Plan(_grid(S, D, dict(config)), _constexprs(HQ, D, HK, adjoint, layout, config))
 
 
 def _pointer_args(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1):
@@ -251,17 +258,28 @@ def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
 
 
 def launch_traced(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
-    """launch() for torch.compile's tracing (fake or functional tensors, every size and
-    stride an int): through torch.library.wrap_triton, so that inductor sees the kernel
-    and launches it from its generated code, with no Python op left on the step's host
-    path. Called with real tensors (a triton_op run eagerly), it is Triton's own launch."""
+    """launch() for torch.compile's tracing (fake or functional tensors; head counts and
+    head_dim ints, S may be symbolic): through torch.library.wrap_triton, so that inductor
+    sees the kernel and launches it from its generated code, with no Python op left on the
+    step's host path. Called with real tensors (a triton_op run eagerly), it is Triton's
+    own launch.
+
+    With S dynamic, S and the grid are symbolic and every constexpr must still be an int.
+    An input whose strides depend on S (the upstream gradient arrives transposed from the
+    attention: head stride S*D) is copied to contiguous strides, which depend only on the
+    head count and head_dim. Inductor writes that copy as one more kernel of its own: a
+    pass over a gradient costs far less than a Python op per call (NOTES.md). Outputs are
+    contiguous already."""
     from torch.library import wrap_triton
 
     S, HQ, D = x_q.shape
     if S == 0:
         return
+    x_q, x_k, p_q, p_k, t0, t1 = (
+        t if t is None or all(isinstance(st, int) for st in t.stride()) else t.contiguous()
+        for t in (x_q, x_k, p_q, p_k, t0, t1))
     tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
     # No pointer alignment in the key: traced tensors have no address (inductor specializes).
     layout = tuple(None if t is None else (t.stride(), t.dtype, None) for t in tensors)
-    plan = _plan(S, HQ, D, x_k.shape[1], adjoint, layout, tuple(config.items()), x_q.device.index)
-    wrap_triton(rotary_kernel)[plan.grid](*_pointer_args(*tensors), S, **plan.consts)
+    consts = _constexprs(HQ, D, x_k.shape[1], adjoint, layout, tuple(config.items()))
+    wrap_triton(rotary_kernel)[_grid(S, D, config)](*_pointer_args(*tensors), S, **consts)
