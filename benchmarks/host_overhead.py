@@ -75,6 +75,20 @@ def main():
             torch.autograd.backward(fn(*leaves, cos, sin), (grad, grad))
         return step
 
+    def fwd_bwd_dynamic(fn):
+        """fwd_bwd of torch.compile(fn) with S marked dynamic, as varying image sizes make it,
+        and the upstream gradient transposed, as the attention returns it (head stride S*D)."""
+        q_, k_ = (t.detach().clone().requires_grad_() for t in (q, k))
+        cos_, sin_ = cos.clone(), sin.clone()
+        grad_ = torch.randn(H, S, D, device="cuda", dtype=q.dtype).transpose(0, 1)
+        for t in (q_, k_, cos_, sin_, grad_):
+            torch._dynamo.mark_dynamic(t, 0)
+        compiled = torch.compile(fn)
+
+        def step():
+            torch.autograd.backward(compiled(q_, k_, cos_, sin_), (grad_, grad_))
+        return step
+
     rows = {
         "rotary_triton.launch, direct launcher (shape seen before)": launch,
         "rotary_triton.launch, through Triton's kernel[grid] (plan cache cleared)": launch_uncached,
@@ -88,6 +102,9 @@ def main():
         "transformers forward + backward": fwd_bwd(modeling.apply_rotary_pos_emb_vision),
         "ours forward + backward, torch.compile'd": fwd_bwd(torch.compile(rope.apply_rotary_pos_emb_vision)),
         "transformers forward + backward, torch.compile'd": fwd_bwd(torch.compile(modeling.apply_rotary_pos_emb_vision)),
+        "ours forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(rope.apply_rotary_pos_emb_vision),
+        "transformers forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(
+            modeling.apply_rotary_pos_emb_vision),
         "identity (q, k) forward + backward": fwd_bwd(lambda q, k, cos, sin: (q, k)),
         "q * 1, k * 1 forward + backward (two aten kernels each way)": fwd_bwd(lambda q, k, cos, sin: (q * 1, k * 1)),
         "same in a Python autograd.Function (its cost over C++ nodes)": fwd_bwd(_Times1.apply),
