@@ -11,8 +11,10 @@ uncommitted changes), so that two builds can be loaded in one process.
 """
 
 import json
+import os
 import shutil
 import subprocess
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -106,33 +108,56 @@ def build_variants(root: Path = REPO_ROOT, out: Path | None = None) -> list[Path
     out = out or root / "build"
 
     variants = []
+    out.mkdir(parents=True, exist_ok=True)
     for backend in general["backends"]:
         variant = out / f"torch-{backend}"
-        if variant.exists():
-            shutil.rmtree(variant)
-        for path in sorted(source.rglob("*")):
-            if path.is_file() and path.suffix in exts and "__pycache__" not in path.parts:
-                dest = variant / path.relative_to(source)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, dest)
-        (variant / "_ops.py").write_text(OPS_TEMPLATE.format(KERNEL_NAME=module, UNIQUE_ID=uid))
-        (variant / module).mkdir()
-        (variant / module / "__init__.py").write_text(COMPAT_TEMPLATE.format(module=module))
+        with tempfile.TemporaryDirectory(dir=out, prefix=f".torch-{backend}-") as scratch:
+            fresh = Path(scratch)
+            for path in sorted(source.rglob("*")):
+                if path.is_file() and path.suffix in exts and "__pycache__" not in path.parts:
+                    dest = fresh / path.relative_to(source)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, dest)
+            (fresh / "_ops.py").write_text(OPS_TEMPLATE.format(KERNEL_NAME=module, UNIQUE_ID=uid))
+            (fresh / module).mkdir()
+            (fresh / module / "__init__.py").write_text(COMPAT_TEMPLATE.format(module=module))
 
-        digest = Digest.hash_variant(DigestAlgorithm.SHA256, variant)
-        metadata = {
-            "name": name,
-            "id": f"_{module}_{backend}_{uid}",
-            "version": general["version"],
-            "license": general["license"],
-            "python-depends": general.get("python-depends", []),
-            "backend": {"type": backend},
-            "digest": {"algorithm": "sha256", "files": dict(sorted(digest.files.items()))},
-        }
-        (variant / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
-        Metadata.read_from_file(variant / "metadata.json")  # the loader's parser must accept it
+            digest = Digest.hash_variant(DigestAlgorithm.SHA256, fresh)
+            metadata = {
+                "name": name,
+                "id": f"_{module}_{backend}_{uid}",
+                "version": general["version"],
+                "license": general["license"],
+                "python-depends": general.get("python-depends", []),
+                "backend": {"type": backend},
+                "digest": {"algorithm": "sha256", "files": dict(sorted(digest.files.items()))},
+            }
+            (fresh / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+            Metadata.read_from_file(fresh / "metadata.json")  # the loader's parser must accept it
+            _sync(fresh, variant)
         variants.append(variant)
     return variants
+
+
+def _sync(src: Path, dest: Path) -> None:
+    """Make `dest` hold exactly the files of `src`, writing only those that differ, each
+    replaced in one step. Processes that loaded the variant read some of its files later
+    (configs/*.json, rotary_triton.py on first GPU use), and the test suite's workers build
+    while others run: deleting and rewriting the folder made those reads fail at random."""
+    for path in sorted(src.rglob("*")):
+        target = dest / path.relative_to(src)
+        if path.is_dir() or (target.is_file() and target.read_bytes() == path.read_bytes()):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)  # bytecode of the old file
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}-", delete=False) as tmp:
+            tmp.write(path.read_bytes())
+        shutil.copymode(path, tmp.name)  # a temporary file is private; the build is not
+        os.replace(tmp.name, target)
+    for path in sorted(dest.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        rel = path.relative_to(dest)
+        if "__pycache__" not in rel.parts and not (src / rel).exists():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def repo_id(root: Path = REPO_ROOT) -> str:

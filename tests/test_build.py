@@ -29,6 +29,29 @@ def test_build_toml_is_accepted_by_kernels():
     assert "json" in read_config()["torch-noarch"]["pyext"]  # tuned configurations ship
 
 
+def test_rebuild_writes_only_what_differs(tmp_path):
+    """Loaded variants read some files later (configs/*.json, rotary_triton.py) while another
+    process may rebuild: an unchanged file keeps its inode, a changed or missing one comes back
+    readable, a stale one goes, and no scratch folder stays behind."""
+    out = tmp_path / "build"
+    cpu = build_variants(out=out)[0]
+    kept, edited, config = cpu / "ops.py", cpu / "layers.py", next((cpu / "configs").glob("*.json"))
+    before = kept.stat()
+    edited.write_text("poison")
+    config.unlink()
+    (cpu / "stale.py").write_text("x = 1\n")
+    (cpu / "old").mkdir()
+    (cpu / "old" / "gone.json").write_text("{}")
+    build_variants(out=out)
+    assert (kept.stat().st_ino, kept.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    source = REPO_ROOT / "torch-ext" / "rope_bwd"
+    assert edited.read_text() == (source / "layers.py").read_text()
+    assert config.read_text() == (source / "configs" / config.name).read_text()
+    assert edited.stat().st_mode == kept.stat().st_mode  # not a temporary file's private mode
+    assert not (cpu / "stale.py").exists() and not (cpu / "old").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["torch-cpu", "torch-cuda"]
+
+
 @pytest.mark.kernels_ci
 def test_variants_hold_the_package_and_generated_files(variants):
     assert set(variants) == {"torch-cpu", "torch-cuda"}
