@@ -1,8 +1,10 @@
 """Shared fixtures: the kernel is built into build/ once per run and loaded the
 way users load it, through kernels.get_kernel (LOCAL_KERNELS points at this checkout)."""
 
+import contextlib
 import os
 import zlib
+from unittest import mock
 
 import pytest
 import torch
@@ -48,3 +50,27 @@ def gen(request):
     and a failure reproduces. ROPE_SEED=<int> changes every draw."""
     seed = zlib.crc32(request.node.nodeid.encode()) ^ int(os.environ.get("ROPE_SEED", "0"))
     return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------- what compiled code runs
+
+def compiled_calls(kernel, code: str) -> set:
+    """What the compiled code runs of ours: "kernel" (rotary_kernel launched by inductor),
+    the names of our ops it calls."""
+    ns = kernel._ops.add_op_namespace_prefix("").removesuffix("::")
+    names = {"rotary_fwd", "rotary_bwd", "rotary_fwd_opaque", "rotary_bwd_opaque"}
+    calls = {n for n in names if f"torch.ops.{ns}.{n}.default(" in code}
+    return calls | ({"kernel"} if "rotary_kernel" in code else set())
+
+
+@contextlib.contextmanager
+def generated_code():
+    """The code inductor generates inside the block (as run_and_get_code, minus its
+    dynamo reset); compiled graphs are not taken from the on-disk caches, which skip codegen."""
+    from torch._inductor.graph import GraphLowering
+
+    code = []
+    with mock.patch.object(GraphLowering, "save_output_code", code.append), \
+            torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield code

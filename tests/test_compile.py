@@ -5,18 +5,15 @@ compiled code runs: the kernel launched by inductor itself (CUDA, S static or
 dynamic), rotary_torch's math fused by inductor (CPU), or the opaque ops (Triton's
 interpreter)."""
 
-import contextlib
 import os
-from unittest import mock
 
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
-from torch._inductor.graph import GraphLowering
 
 from rope_bwd_triton import suite
 
-from conftest import DEVICES
+from conftest import DEVICES, compiled_calls, generated_code
 
 D = 8
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -117,30 +114,10 @@ def _run(module, x, cos, sin, w):
     return [y.detach(), *(g for g in grads if g is not None)]
 
 
-def _compiled_calls(kernel, code: str) -> set:
-    """What the compiled code runs of ours: "kernel" (rotary_kernel launched by inductor),
-    the names of our ops it calls."""
-    ns = kernel._ops.add_op_namespace_prefix("").removesuffix("::")
-    names = {"rotary_fwd", "rotary_bwd", "rotary_fwd_opaque", "rotary_bwd_opaque"}
-    calls = {n for n in names if f"torch.ops.{ns}.{n}.default(" in code}
-    return calls | ({"kernel"} if "rotary_kernel" in code else set())
-
-
-@contextlib.contextmanager
-def _generated_code():
-    """The code inductor generates inside the block (as run_and_get_code, minus its
-    dynamo reset); compiled graphs are not taken from the on-disk caches, which skip codegen."""
-    code = []
-    with mock.patch.object(GraphLowering, "save_output_code", code.append), \
-            torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
-        yield code
-
-
 def _check_compiled(module, compiled, x, cos, sin, w, n_grads):
     """Compiled forward + backward against eager: (their results agree; the generated code)."""
     eager = _run(module, x, cos, sin, w)
-    with _generated_code() as code:
+    with generated_code() as code:
         got = _run(compiled, x, cos, sin, w)
     assert len(got) == len(eager) == n_grads
     for g, e in zip(got, eager):
@@ -168,7 +145,7 @@ def test_compile_dynamic_seq_len(kernel, gen, device, table_grad):
             code = _check_compiled(module, compiled, x, cos, sin, w, 6 if table_grad else 4)
         if i == 0:  # symbolic S: inductor still launches the kernel itself (static strides)
             want = {"kernel"} if device == "cuda" else {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
-            assert _compiled_calls(kernel, code) == want
+            assert compiled_calls(kernel, code) == want
     assert counter.frame_count == 1
 
 
@@ -188,7 +165,7 @@ def test_compile_static_inlines_the_kernel(kernel, gen, device, table_grad):
         want = {"kernel"}
     else:
         want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
-    assert _compiled_calls(kernel, code) == want
+    assert compiled_calls(kernel, code) == want
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -198,7 +175,7 @@ def test_compile_symbolic_heads_take_the_opaque_ops(kernel, gen, device):
     torch.compiler.reset()
     fn = kernel.apply_rotary_pos_emb_vision
     compiled = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=True)
-    with _generated_code() as code:
+    with generated_code() as code:
         for S, hq, hk, d in ((7, 3, 2, 6), (11, 2, 4, 10)):
             q, k = rnd(gen, device, S, hq, d, grad=True), rnd(gen, device, S, hk, d, grad=True)
             cos, sin = rnd(gen, device, S, d, grad=True), rnd(gen, device, S, d, grad=True)
@@ -210,7 +187,7 @@ def test_compile_symbolic_heads_take_the_opaque_ops(kernel, gen, device):
             for g, e in zip(*results):
                 assert suite.rel_err(g, e) <= 1e-6
     want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if device == "cuda" or INTERPRET else set()
-    assert _compiled_calls(kernel, "\n".join(code)) == want
+    assert compiled_calls(kernel, "\n".join(code)) == want
 
 
 @pytest.mark.parametrize("device", DEVICES)

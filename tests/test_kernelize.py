@@ -10,6 +10,7 @@ Hub cache holding the published tree; the files load from this checkout (LOCAL_K
 
 import copy
 import importlib
+import re
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ from kernels import Mode, kernelize, use_kernel_mapping
 from rope_bwd_triton import e2e, publish
 from rope_bwd_triton.build import repo_id
 from rope_bwd_triton.suite import rel_err
+
+from conftest import compiled_calls, generated_code
 
 FAMILIES = tuple(e2e.FAMILIES)
 # Tiny shapes (head_dim 16) for CPU; two images, so the attention's per-image split runs.
@@ -149,6 +152,34 @@ def no_tf32():
 @pytest.mark.parametrize("family", list(REAL))
 def test_real_width_parity_cuda(kernel, integrations, family, dtype, mode, no_tf32):
     check_parity(kernel, integrations, family, size="real", dtype=dtype, device="cuda", mode=mode, built="before")
+
+
+@pytest.mark.gpu
+def test_compiled_varying_image_sizes_cuda(kernel, integrations, no_tf32):
+    """Training a compiled, kernelized Qwen3-Omni encoder on images of two sizes: dynamo compiles
+    the second with S dynamic, and inductor still launches rotary_kernel itself (none of our ops
+    in its code); outputs and every gradient match eager at both sizes."""
+    family, dtype, mode = "qwen3_omni_moe", torch.float32, Mode.TRAINING | Mode.TORCH_COMPILE
+    eager, _ = build(family, "real", dtype, "cuda")
+    images = [e2e.make_images(eager, [grid]) for grid in REAL_GRIDS]
+    refs = []
+    for inputs in images:  # before kernelize: the rotary is shared; gradients set to None first
+        eager.zero_grad(set_to_none=True)
+        refs.append(run(eager, inputs, mode))
+    model = copy.deepcopy(eager)
+    integrations.make_kernelizable(model)
+    with use_kernel_mapping(integrations.kernel_mapping(repo_id(), version=1)):
+        model = kernelize(model, mode=mode, device="cuda", use_fallback=False)
+    torch._dynamo.reset()
+    model.compile()
+    for i, (inputs, ref) in enumerate(zip(images, refs)):
+        model.zero_grad(set_to_none=True)
+        with generated_code() as code:
+            got = run(model, inputs, mode)
+        assert_close(got, ref, TOL[dtype] * 10)
+        assert compiled_calls(kernel, "\n".join(code)) == {"kernel"}, f"image {i}"
+        if i:  # recompiled, with a symbol for S in the graphs that launch the kernel
+            assert any(re.search(r"\bs\d+\b", c) for c in code if "rotary_kernel" in c)
 
 
 @pytest.mark.kernels_ci
