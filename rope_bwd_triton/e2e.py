@@ -14,8 +14,8 @@ The kernel resolves like a user's: from the Hub, or offline from a cache install
 with `python -m rope_bwd_triton publish --to-cache DIR` and run with
 HF_HUB_OFFLINE=1 KERNELS_CACHE=DIR.
 With --compile, every variant runs torch.compile'd (the kernel kernelized with
-Mode.TORCH_COMPILE too): the host time of eager dispatch, which the bound does not
-pay, mostly goes away, so the kernelized-vs-bound gap is then the kernel's GPU time.
+Mode.TORCH_COMPILE too), so our ops' Python dispatch leaves the step; the compiled
+regions keep host time of their own (guards, wrappers), which the bound pays too.
 With --profile, one more step per variant runs under torch.profiler: operator table,
 chrome trace and a kernel summary (time, launches, rotary kernels) per variant.
 
