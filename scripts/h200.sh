@@ -15,6 +15,8 @@
 #   demo   the main job
 #   kbench `kernels benchmark` over benchmarks/benchmark.py
 #   host   host time per call of the launch path (benchmarks/host_overhead.py)
+#   ncu    hardware counters of our kernel and of a streaming kernel over the same bytes
+#          (benchmarks/ncu_profile.py under Nsight Compute)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}; mkdir -p "$OUT"
@@ -37,6 +39,10 @@ for stage in "$@"; do
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
     host)  python3 benchmarks/host_overhead.py | tee "$OUT/host.txt" ;;
+    ncu)   python3 -m rope_bwd_triton build >/dev/null &&
+           ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 benchmarks/ncu_profile.py metrics)" \
+               --csv --page raw python3 benchmarks/ncu_profile.py run --labels "$OUT/ncu-labels.json" > "$OUT/ncu.csv" &&
+           python3 benchmarks/ncu_profile.py report "$OUT/ncu.csv" --labels "$OUT/ncu-labels.json" --markdown "$OUT/ncu.md" ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ ${PIPESTATUS[0]} -eq 0 ] || rc=1

@@ -1,0 +1,122 @@
+"""Hardware counters (Nsight Compute) for our kernel and for an elementwise kernel that moves
+the same bytes, on the workloads whose ratios RESULTS.md discusses: why a ratio is what it is.
+
+    ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics $(python benchmarks/ncu_profile.py metrics) \
+        --csv --page raw python benchmarks/ncu_profile.py run --labels labels.json > ncu.csv
+    python benchmarks/ncu_profile.py report ncu.csv --labels labels.json --markdown ncu.md
+
+(`bash scripts/h200.sh ncu` runs both.) `run` launches, inside one NVTX range per workload,
+our kernel through the loaded package (the bench's calls, shipped launch configurations) and
+then `torch.neg` over a float32 buffer of the task's floor bytes (half read, half written): a
+streaming kernel of PyTorch's, the profiled stand-in for the bench's device copy (a copy engine
+transfer has no counters). ncu flushes the caches before each kernel (cold L2, as the bench).
+"""
+
+import argparse
+import csv
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# (bench task, S, H, D)
+WORKLOADS = [
+    ("bwd", 128, 16, 128), ("bwd", 1024, 16, 128), ("bwd", 2213, 16, 128), ("bwd", 4096, 16, 128),
+    ("bwd", 16384, 16, 128), ("bwd", 16384, 16, 72),
+    ("bwd_qk", 128, 16, 128), ("bwd_qk", 4096, 16, 128),
+    ("fwd", 4096, 16, 128),
+    ("bwd_bf16", 613, 16, 128), ("bwd_bf16", 4096, 16, 128), ("bwd_bf16", 16384, 16, 128), ("bwd_bf16", 16384, 16, 72),
+    ("bwd_bf16", 16384, 16, 80), ("fwd_bf16", 16384, 16, 72),
+]
+# column: (ncu metric, scale, format)
+COLUMNS = {
+    "us": ("gpu__time_duration.sum", 1e-3, "{:.1f}"),
+    "DRAM busy %": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1, "{:.0f}"),
+    "DRAM MB read": ("dram__bytes_read.sum", 1e-6, "{:.1f}"),
+    "DRAM MB written": ("dram__bytes_write.sum", 1e-6, "{:.1f}"),
+    "warps active %": ("sm__warps_active.avg.pct_of_peak_sustained_active", 1, "{:.0f}"),
+    "occupancy limit %": ("sm__maximum_warps_per_active_cycle_pct", 1, "{:.0f}"),
+    "registers": ("launch__registers_per_thread", 1, "{:.0f}"),
+    "programs": ("launch__grid_size", 1, "{:.0f}"),
+    "issue active %": ("sm__inst_executed.avg.pct_of_peak_sustained_elapsed", 1, "{:.0f}"),
+    "M instructions": ("smsp__inst_executed.sum", 1e-6, "{:.1f}"),
+}
+
+
+def run(args):
+    import torch
+
+    from rope_bwd_triton import bench
+    from rope_bwd_triton.load import load_kernel
+    from rope_bwd_triton.suite import floor_bytes
+
+    kernel = load_kernel()
+    impls = {i.task: i for i in bench.IMPLS if i.peer is None}
+    labels = []
+    for task, S, H, D in WORKLOADS:
+        _, mode, dtype = bench.TASKS[task]
+        call = impls[task].make(kernel, bench.Data(S, H, D, "cuda", seed=S).inputs(mode, dtype))
+        nbytes = floor_bytes(S, H, D, elem=2 if dtype == "bfloat16" else 4, mode=mode)
+        src = torch.randn(nbytes // 8, device="cuda")
+        dst = torch.empty_like(src)
+        call(), torch.neg(src, out=dst)  # compile and warm up outside the profiled range
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("profile")
+        call()
+        torch.neg(src, out=dst)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        name = f"{task} S={S} D={D}"
+        labels += [(name, "ours"), (name, "torch.neg, same bytes")]
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "kernel_variant": kernel.__name__}
+    with open(args.labels, "w") as f:
+        json.dump({"meta": meta, "kernels": labels}, f, indent=1)
+
+
+def report(args):
+    with open(args.labels) as f:
+        labels = json.load(f)
+    # ncu's CSV: its own log lines, then a header row, a units row and one row per kernel in launch order
+    with open(args.csv) as f:
+        lines = [line for line in f if line.startswith('"')]
+    rows = list(csv.reader(lines))
+    header, kernels = rows[0], rows[2:]
+    if len(kernels) != len(labels["kernels"]):
+        raise SystemExit(f"{len(kernels)} profiled kernels for {len(labels['kernels'])} labels")
+    col = {name: header.index(metric) for name, (metric, _, _) in COLUMNS.items()}
+    out = ["| workload | kernel | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
+    for (workload, what), row in zip(labels["kernels"], kernels):
+        cells = [fmt.format(float(row[col[name]].replace(",", "")) * scale)
+                 for name, (_, scale, fmt) in COLUMNS.items()]
+        out.append(f"| {workload} | {what} | " + " | ".join(cells) + " |")
+    meta = labels["meta"]
+    text = (f"Device: {meta['gpu']}; torch {meta['torch']}; kernel variant `{meta['kernel_variant']}`\n\n"
+            + "\n".join(out) + "\n")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text)
+    print(text)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("metrics", help="the --metrics list for ncu")
+    p = sub.add_parser("run", help="launch the workloads (under ncu)")
+    p.add_argument("--labels", required=True, help="write the profiled kernels' labels here (JSON)")
+    p = sub.add_parser("report", help="ncu's CSV -> markdown table")
+    p.add_argument("csv")
+    p.add_argument("--labels", required=True)
+    p.add_argument("--markdown")
+    args = parser.parse_args(argv)
+    if args.cmd == "metrics":
+        print(",".join(metric for metric, _, _ in COLUMNS.values()))
+    elif args.cmd == "run":
+        run(args)
+    else:
+        report(args)
+
+
+if __name__ == "__main__":
+    main()
