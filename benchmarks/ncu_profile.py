@@ -20,14 +20,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# (bench task, S, H, D)
+# (bench task, S, H, D, head_dim whose shipped launch configuration to use; None: D's own)
 WORKLOADS = [
-    ("bwd", 128, 16, 128), ("bwd", 1024, 16, 128), ("bwd", 2213, 16, 128), ("bwd", 4096, 16, 128),
-    ("bwd", 16384, 16, 128), ("bwd", 16384, 16, 72),
-    ("bwd_qk", 128, 16, 128), ("bwd_qk", 4096, 16, 128),
-    ("fwd", 4096, 16, 128),
-    ("bwd_bf16", 613, 16, 128), ("bwd_bf16", 4096, 16, 128), ("bwd_bf16", 16384, 16, 128), ("bwd_bf16", 16384, 16, 72),
-    ("bwd_bf16", 16384, 16, 80), ("fwd_bf16", 16384, 16, 72),
+    ("bwd", 128, 16, 128, None), ("bwd", 1024, 16, 128, None), ("bwd", 2213, 16, 128, None),
+    ("bwd", 4096, 16, 128, None), ("bwd", 16384, 16, 128, None), ("bwd", 16384, 16, 72, None),
+    ("bwd_qk", 128, 16, 128, None), ("bwd_qk", 4096, 16, 128, None),
+    ("fwd", 4096, 16, 128, None),
+    ("bwd_bf16", 613, 16, 128, None), ("bwd_bf16", 4096, 16, 128, None), ("bwd_bf16", 16384, 16, 128, None),
+    ("bwd_bf16", 16384, 16, 72, None), ("bwd_bf16", 16384, 16, 80, None),
+    # head_dim 128 launched as head_dim 72 is: what the head size changes at one configuration
+    ("bwd_bf16", 16384, 16, 128, 72),
+    ("fwd_bf16", 16384, 16, 72, None),
 ]
 # column: (ncu metric, scale, format)
 COLUMNS = {
@@ -41,6 +44,10 @@ COLUMNS = {
     "programs": ("launch__grid_size", 1, "{:.0f}"),
     "issue active %": ("sm__inst_executed.avg.pct_of_peak_sustained_elapsed", 1, "{:.0f}"),
     "M instructions": ("smsp__inst_executed.sum", 1e-6, "{:.1f}"),
+    "M load requests": ("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", 1e-6, "{:.2f}"),
+    "sectors per load request": ("l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_ld.ratio", 1,
+                                 "{:.1f}"),
+    "L2 busy %": ("lts__throughput.avg.pct_of_peak_sustained_elapsed", 1, "{:.0f}"),
 }
 
 
@@ -54,9 +61,13 @@ def run(args):
     kernel = load_kernel()
     impls = {i.task: i for i in bench.IMPLS if i.peer is None}
     labels = []
-    for task, S, H, D in WORKLOADS:
+    for task, S, H, D, config_of in WORKLOADS:
         _, mode, dtype = bench.TASKS[task]
-        call = impls[task].make(kernel, bench.Data(S, H, D, "cuda", seed=S).inputs(mode, dtype))
+        x = bench.Data(S, H, D, "cuda", seed=S).inputs(mode, dtype)
+        if config_of is None:
+            call = impls[task].make(kernel, x)
+        else:
+            call = _backward_with_config_of(kernel, x, config_of)
         nbytes = floor_bytes(S, H, D, elem=2 if dtype == "bfloat16" else 4, mode=mode)
         src = torch.randn(nbytes // 8, device="cuda")
         dst = torch.empty_like(src)
@@ -68,11 +79,26 @@ def run(args):
         torch.neg(src, out=dst)
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
-        name = f"{task} S={S} D={D}"
+        name = f"{task} S={S} D={D}" + (f", launched as D={config_of}" if config_of else "")
         labels += [(name, "ours"), (name, "torch.neg, same bytes")]
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "kernel_variant": kernel.__name__}
     with open(args.labels, "w") as f:
         json.dump({"meta": meta, "kernels": labels}, f, indent=1)
+
+
+def _backward_with_config_of(kernel, x, head_dim):
+    """The full backward (x: gq, gk, q, k, embeddings) launched with the shipped configuration
+    of another head_dim."""
+    import torch
+
+    from rope_bwd_triton.load import submodule
+
+    gq, gk, q, k, emb = x
+    S, H, _ = gq.shape
+    config = submodule(kernel, "tuning").config_for("bwd", S, H, H, head_dim, gq.element_size(), gq.device)
+    out = [torch.empty_like(t) for t in (gq, gk, emb)]
+    launch = submodule(kernel, "rotary_triton").launch
+    return lambda: launch(gq, gk, out[0], out[1], q, k, emb, None, out[2], None, adjoint=True, config=config)
 
 
 def report(args):
