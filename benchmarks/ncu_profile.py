@@ -68,7 +68,7 @@ def run(args):
             call = impls[task].make(kernel, x)
         else:
             call = _backward_with_config_of(kernel, x, config_of)
-        nbytes = floor_bytes(S, H, D, elem=2 if dtype == "bfloat16" else 4, mode=mode)
+        nbytes = floor_bytes(S, H, D, elem=x[0].element_size(), mode=mode)  # as the bench's copy reference
         src = torch.randn(nbytes // 8, device="cuda")
         dst = torch.empty_like(src)
         call()  # compile and warm up outside the profiled range
