@@ -30,6 +30,9 @@ S_REPS = {"S256": (131, 256), "S1024": (613, 1024), "S4096": (2213, 4096), "S163
 BLOCK_S = (1, 2, 4, 8)
 NUM_WARPS = (1, 2, 4, 8)
 MAX_TILE = 8192  # elements of a BLOCK_S x BLOCK_R x BLOCK_D tile; more only spills registers
+# Channels of one half tile (BLOCK_S x BLOCK_R/2 x BLOCK_D) per thread: past 32 the tile spills,
+# and Triton 3.6 took over a minute to compile some such tiles (NOTES.md).
+MAX_PER_THREAD = 32
 SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")  # what a tuned entry holds
 VERIFY_ROWS = 256
 
@@ -58,7 +61,8 @@ def block_r_values(R):
 
 
 def candidate_ok(cfg):
-    return cfg["BLOCK_S"] * cfg["BLOCK_R"] * cfg["BLOCK_D"] <= MAX_TILE
+    tile = cfg["BLOCK_S"] * cfg["BLOCK_R"] * cfg["BLOCK_D"]
+    return tile <= MAX_TILE and tile // 2 <= MAX_PER_THREAD * 32 * cfg["num_warps"]
 
 
 def _key(cfg):

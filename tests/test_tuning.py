@@ -107,6 +107,7 @@ def test_shipped_configs_are_valid_and_ship_in_the_build(kernel):
             assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and cfg["BLOCK_D"] <= _next_pow2(D // 2)
             assert _pow2(cfg["BLOCK_R"]) and cfg["BLOCK_R"] >= 2, (path.name, key)
             assert cfg["num_warps"] in (1, 2, 4, 8, 16), (path.name, key)
+            assert tune.candidate_ok(cfg), (path.name, key)  # the tuner would try it again
 
 
 @pytest.mark.kernels_ci
@@ -117,8 +118,11 @@ def test_tune_candidates_and_merge(tmp_path):
     assert tune.block_r_values(32) == [2, 4, 8, 16, 32]
     assert tune.block_r_values(2) == [2]
     assert tune.block_r_values(5) == [2, 4, 8]
-    assert tune.candidate_ok({"BLOCK_S": 4, "BLOCK_D": 64, "BLOCK_R": 32})
-    assert not tune.candidate_ok({"BLOCK_S": 8, "BLOCK_D": 64, "BLOCK_R": 32})
+    c = dict(BLOCK_S=4, BLOCK_D=64, BLOCK_R=16, num_warps=1)
+    assert not tune.candidate_ok(c)  # 64 channels per thread
+    assert tune.candidate_ok({**c, "num_warps": 2}) and tune.candidate_ok({**c, "BLOCK_S": 2})
+    assert tune.candidate_ok(dict(BLOCK_S=1, BLOCK_D=64, BLOCK_R=32, num_warps=1))  # 32 per thread
+    assert not tune.candidate_ok(dict(BLOCK_S=8, BLOCK_D=64, BLOCK_R=32, num_warps=8))  # MAX_TILE
     path = tmp_path / "gpu.json"
     tune.merge_write(path, {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 2}})
     tune.merge_write(path, {"b": {"BLOCK_S": 4}})
