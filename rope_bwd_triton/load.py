@@ -8,10 +8,12 @@ from . import REPO_ROOT
 from .build import build_variants, repo_id
 
 
-def load_kernel():
+def load_kernel(build: bool = True):
+    """build=False: a worker process whose parent has built the variants (and set LOCAL_KERNELS)."""
     import kernels
 
-    build_variants()
+    if build:
+        build_variants()
     os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
     return kernels.get_kernel(repo_id(), version=1)
 

@@ -12,11 +12,16 @@ the bucket. The score of a candidate is its mean time relative to the starting
 configuration's, averaged over those S. A candidate is first checked against
 the float64 reference on the smallest S, and rejected if it is wrong. Buckets
 run in priority order (the suite's shape first, then the real models' bf16
-shapes) until --budget seconds have passed; the file is rewritten after each
-bucket, so an interrupted run keeps what it finished.
+shapes) until --budget seconds have passed; the file and the log are rewritten
+after each bucket, so an interrupted run keeps what it finished.
+
+On a GPU, worker processes (--jobs) first compile every candidate of the grid into
+Triton's on-disk cache (for at most half the budget), so that the search itself only
+loads them: compiled one at a time, the compiles took most of a search (NOTES.md).
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,6 +68,12 @@ def block_r_values(R):
 def candidate_ok(cfg):
     tile = cfg["BLOCK_S"] * cfg["BLOCK_R"] * cfg["BLOCK_D"]
     return tile <= MAX_TILE and tile // 2 <= MAX_PER_THREAD * 32 * cfg["num_warps"]
+
+
+def grid(D, R):
+    """Every candidate of the search space that candidate_ok accepts."""
+    return [cfg for bd in block_d_values(D) for br in block_r_values(R) for bs in BLOCK_S for w in NUM_WARPS
+            if candidate_ok(cfg := {"BLOCK_S": bs, "BLOCK_D": bd, "BLOCK_R": br, "num_warps": w})]
 
 
 def _key(cfg):
@@ -130,9 +141,9 @@ class Bucket:
         return [self.timer(lambda: self._run(x, out, cfg)).mean_us for x, out in self.cases]
 
 
-def tune_bucket(bucket, current, D, R, log, *, grid=False):
+def tune_bucket(bucket, current, D, R, log, *, grid_search=False):
     """Coordinate search from the package's current config (tuned or default) for the bucket,
-    or with grid=True every candidate (the coordinate search can miss a joint optimum).
+    or with grid_search=True every candidate (the coordinate search can miss a joint optimum).
     Returns (best {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}, its time relative to current, current's times)."""
     start = {k: current[k] for k in SEARCHED}
     base_times = bucket.times(current)
@@ -151,10 +162,8 @@ def tune_bucket(bucket, current, D, R, log, *, grid=False):
 
     best = dict(start)
     score(best)
-    if grid:
-        grid_cfgs = ({"BLOCK_S": bs, "BLOCK_D": bd, "BLOCK_R": br, "num_warps": w}
-                     for bd in block_d_values(D) for br in block_r_values(R) for bs in BLOCK_S for w in NUM_WARPS)
-        best = min([best, *grid_cfgs], key=score)
+    if grid_search:
+        best = min([best, *grid(D, R)], key=score)
         return best, scores[_key(best)], base_times
     for _ in range(2):
         before = dict(best)
@@ -167,10 +176,61 @@ def tune_bucket(bucket, current, D, R, log, *, grid=False):
     return best, scores[_key(best)], base_times
 
 
+def _inputs(H, device, seed):
+    """data_for(D)(S) -> bench.Data, drawn once per (S, D): drawing costs more than timing at large S."""
+    from .bench import Data
+
+    cache = {}
+
+    def data_for(D):
+        def get(S):
+            if (S, D) not in cache:
+                cache[S, D] = Data(S, H, D, device, seed + S)
+            return cache[S, D]
+        return get
+
+    return data_for
+
+
+def _compile(task):
+    """Worker: run each candidate once at each S (which compiles it into Triton's cache)."""
+    import torch
+
+    from .load import load_kernel
+
+    mode, dtype, D, H, seed, seq_lens, cfgs, deadline = task
+    bucket = Bucket(load_kernel(build=False), None, mode, dtype, seq_lens, _inputs(H, torch.device("cuda"), seed)(D))
+    done = 0
+    for cfg in cfgs:
+        if time.time() > deadline:
+            break
+        for x, out in bucket.cases:
+            bucket._run(x, out, cfg)
+        done += 1
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(jobs, H, seed, n_proc, deadline):
+    """Compile the grid of every (mode, dtype, head_dim) of jobs at the S the buckets time, in
+    n_proc worker processes; returns how many candidates were compiled and how many asked for."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    groups = {}
+    for mode, dtype, D, seq_lens in jobs:
+        groups.setdefault((mode, dtype, D), set()).update(seq_lens)
+    tasks = []
+    for (mode, dtype, D), seq_lens in groups.items():
+        cfgs = grid(D, 2 * H)
+        tasks += [(mode, dtype, D, H, seed, sorted(seq_lens), cfgs[i::n_proc], deadline) for i in range(n_proc)]
+    with ProcessPoolExecutor(n_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return sum(pool.map(_compile, tasks)), sum(len(t[6]) for t in tasks)
+
+
 def run(args) -> dict:
     import torch
 
-    from .bench import Data
     from .load import load_kernel
     from .timing import ColdL2Timer
 
@@ -182,14 +242,7 @@ def run(args) -> dict:
     # CUDA events alone: they rank candidates, and the profiler's host cost would eat the budget
     timer = ColdL2Timer(device, calls=args.calls, warmup=2, profile=False)
     H = args.heads
-    inputs = {}  # (S, D) -> Data, shared by all buckets: drawing inputs costs more than timing at large S
-
-    def data_for(D):
-        def get(S):
-            if (S, D) not in inputs:
-                inputs[S, D] = Data(S, H, D, device, args.seed + S)
-            return inputs[S, D]
-        return get
+    data_for = _inputs(H, device, args.seed)
 
     jobs = sorted(  # stable: the order of the options within a priority
         ((m, dt, D, sb) for m in args.modes for dt in args.dtypes for D in args.head_dims for sb in args.s_buckets),
@@ -197,6 +250,12 @@ def run(args) -> dict:
     )
     start = time.monotonic()
     report = {"device": name, "out": str(out), "buckets": {}, "not_tuned": []}
+    if device.type == "cuda" and args.jobs > 0:
+        done, asked = precompile([(m, dt, D, args.seq_lens or S_REPS[sb]) for m, dt, D, sb in jobs], H, args.seed,
+                                 args.jobs, time.time() + args.budget / 2)
+        report["precompile"] = {"compiled": done, "candidates": asked, "seconds": round(time.monotonic() - start, 1)}
+        print(f"compiled {done} of {asked} candidates in {args.jobs} processes "
+              f"({time.monotonic() - start:.0f}s)", flush=True)
     for i, (mode, dtype, D, sb) in enumerate(jobs):
         seq_lens = args.seq_lens or S_REPS[sb]
         elem = getattr(torch, dtype).itemsize
@@ -209,15 +268,17 @@ def run(args) -> dict:
         current = tuning.config_for(mode, seq_lens[0], H, H, D, elem, device)
         bucket = Bucket(kernel, timer, mode, dtype, seq_lens, data_for(D))
         log = []
-        best, score, base_times = tune_bucket(bucket, current, D, 2 * H, log, grid=args.grid)
+        best, score, base_times = tune_bucket(bucket, current, D, 2 * H, log, grid_search=args.grid)
         del bucket
         report["buckets"][key] = {"start": current, "start_us": base_times, "best": best,
-                                  "time_vs_start": score if score < float("inf") else None, "tried": log}
+                                  "time_vs_start": score if score < float("inf") else None,
+                                  "seconds": round(time.monotonic() - start - elapsed, 1), "tried": log}
         if score == float("inf"):
             print(f"    no candidate passed the check; {key} keeps the package's rule", file=sys.stderr)
         else:
             print(f"    best {best}: {score:.3f}x the time of {current} ({len(log)} candidates)", flush=True)
             merge_write(out, {key: best})
+        write_log(args.log, report)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if report["not_tuned"]:
@@ -225,6 +286,11 @@ def run(args) -> dict:
               + ", ".join(report["not_tuned"]), file=sys.stderr)
     print(f"wrote {out} ({time.monotonic() - start:.0f}s)")
     return report
+
+
+def write_log(path: Path, report: dict):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
 
 
 def add_arguments(parser):
@@ -239,6 +305,8 @@ def add_arguments(parser):
     parser.add_argument("--grid", action="store_true",
                         help="time every (BLOCK_S, BLOCK_D, BLOCK_R, num_warps) candidate instead of the coordinate search")
     parser.add_argument("--budget", type=float, default=270, help="seconds; buckets not started by then are skipped")
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                        help="processes that compile the candidates before the search, on a GPU (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)")
     parser.add_argument("--out", type=Path, help="default: torch-ext/rope_bwd/configs/<GPU name>.json")
@@ -247,8 +315,6 @@ def add_arguments(parser):
 
 
 def main(args) -> int:
-    report = run(args)
-    args.log.parent.mkdir(parents=True, exist_ok=True)
-    args.log.write_text(json.dumps(report, indent=1) + "\n")
+    write_log(args.log, run(args))
     print(f"wrote {args.log}")
     return 0

@@ -142,27 +142,36 @@ def _interpreter_runs_loops() -> bool:
     return version(triton.__version__) >= (3, 9) or version(numpy.__version__) < (2, 4)
 
 
+def _tune(tmp_path, *options, device="cpu"):
+    """Run the tune command on one bucket (bwd fp32, head_dim 16, 2+2 heads, S=5) writing into
+    tmp_path (as <device>.json: the table file of a GPU named so); returns the table and the log."""
+    out, log = tmp_path / f"{device}.json", tmp_path / "log.json"
+    cmd = [sys.executable, "-m", "rope_bwd_triton", "tune", "--modes", "bwd", "--dtypes", "float32",
+           "--head-dims", "16", "--heads", "2", "--s-buckets", "S256", "--seq-lens", "5", "--calls", "1",
+           "--device", device, "--out", str(out), "--log", str(log), *options]
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text()), json.loads(log.read_text())
+
+
+BUCKET = ("bwd", 5, 4, 16, 4)  # tuning.bucket() arguments of _tune's bucket
+# every candidate of that bucket: head_dim 16 has one BLOCK_D value (8), 2+2 heads two BLOCK_R values
+GRID_16 = {(bs, 8, br, w) for bs in tune.BLOCK_S for br in (2, 4) for w in tune.NUM_WARPS}
+
+
 @pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
 @pytest.mark.parametrize("search", [[], ["--grid"]], ids=["coordinate", "grid"])
 def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path, search):
     """The whole tune path on the CPU, in Triton's interpreter (timings meaningless);
     the package then finds the written bucket."""
-    out = tmp_path / "cpu.json"
-    cmd = [sys.executable, "-m", "rope_bwd_triton", "tune", "--modes", "bwd", "--dtypes", "float32",
-           "--head-dims", "16", "--heads", "2", "--s-buckets", "S256", "--seq-lens", "5", "--calls", "1",
-           "--device", "cpu", "--out", str(out), "--log", str(tmp_path / "log.json"), *search]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    table = json.loads(out.read_text())
-    log = json.loads((tmp_path / "log.json").read_text())
+    table, log = _tune(tmp_path, *search)
     t = kernel.tuning
-    key = t.bucket("bwd", 5, 4, 16, 4)
+    key = t.bucket(*BUCKET)
     assert list(table) == [key] and set(table[key]) == set(SEARCHED)
-    assert log["buckets"][key]["tried"] and not log["not_tuned"]
-    if search:  # every candidate timed: head_dim 16 has one BLOCK_D value (8), 2+2 heads two BLOCK_R values
-        tried = {tuple(c[k] for k in SEARCHED) for c in log["buckets"][key]["tried"]}
-        assert {(bs, 8, br, w) for bs in tune.BLOCK_S for br in (2, 4) for w in tune.NUM_WARPS} <= tried
+    assert log["buckets"][key]["tried"] and not log["not_tuned"] and "precompile" not in log
+    if search:
+        assert GRID_16 <= {tuple(c[k] for k in SEARCHED) for c in log["buckets"][key]["tried"]}
 
     monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
     t.tuned_table.cache_clear()
@@ -170,3 +179,17 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
         assert t.config_for("bwd", 5, 2, 2, 16, 4, torch.device("cpu")) == table[key]
     finally:
         t.tuned_table.cache_clear()
+
+
+@pytest.mark.gpu
+def test_tune_on_a_gpu_compiles_the_grid_in_worker_processes_first(kernel, tmp_path):
+    """--jobs: worker processes compile every candidate before the search, which then
+    checks and times each of them in the parent process."""
+    assert {tuple(c[k] for k in SEARCHED) for c in tune.grid(16, 4)} == GRID_16
+    table, log = _tune(tmp_path, "--grid", "--jobs", "2", device="cuda")
+    key = kernel.tuning.bucket(*BUCKET)
+    assert log["precompile"]["compiled"] == log["precompile"]["candidates"] == len(GRID_16)
+    tried = log["buckets"][key]["tried"]
+    assert GRID_16 <= {tuple(c[k] for k in SEARCHED) for c in tried}
+    assert all(c["score"] is not None for c in tried)  # each one passed the float64 check
+    assert tuple(table[key][k] for k in SEARCHED) in GRID_16
