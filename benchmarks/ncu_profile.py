@@ -47,6 +47,9 @@ COLUMNS = {
     "M load requests": ("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", 1e-6, "{:.2f}"),
     "sectors per load request": ("l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_ld.ratio", 1,
                                  "{:.1f}"),
+    # what the L1 sends on to the L2: more than the bytes when accesses share 32-byte sectors
+    "M L2 sectors read": ("lts__t_sectors_srcunit_tex_op_read.sum", 1e-6, "{:.2f}"),
+    "M L2 sectors written": ("lts__t_sectors_srcunit_tex_op_write.sum", 1e-6, "{:.2f}"),
     "L2 busy %": ("lts__throughput.avg.pct_of_peak_sustained_elapsed", 1, "{:.0f}"),
 }
 
