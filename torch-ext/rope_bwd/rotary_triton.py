@@ -12,8 +12,9 @@ A program owns BLOCK_S tokens x BLOCK_D channels of the first half and their
 partners (d + D/2), for every head of q and k, taken BLOCK_R // 2 q heads plus
 as many k heads at a time. Within such a chunk every load of both sides comes
 before any store: a q phase followed by a k phase would serialize, since the
-compiler cannot prove that the q outputs do not alias the k inputs. Each half is
-read once and the partner comes from registers; cos/sin are evaluated once per
+compiler cannot prove that the q outputs do not alias the k inputs. Both halves
+of a row are read (and written) by one access, a last tile axis of 2, so the partner
+comes from registers; cos/sin are evaluated once per
 token row and reused for all heads; the table gradient is a sum over heads in
 registers, in a fixed order (deterministic, no atomics). Small tiles on one
 warp measured fastest on the H200 (many programs in flight per SM); splitting
