@@ -325,7 +325,7 @@ def measure(args) -> dict:
     from tqdm import tqdm
 
     from .load import load_kernel
-    from .timing import ColdL2Timer, copy_bandwidth
+    from .timing import ColdL2Timer, copy_bandwidth, flush_check
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kernel = load_kernel()
@@ -351,6 +351,8 @@ def measure(args) -> dict:
             measured.append(_measure_workload(kernel, impls, timer, copy["GBps"], set_name, S, H, D, args, bar))
     run = {"meta": meta, "copy": copy, "impls": {i.name: {"label": i.label, "task": i.task} for i in impls},
            "workloads": measured}
+    if device.type == "cuda":
+        run["flush_check"] = flush_check(timer)
     run["summary"] = summarize(run)
     return run
 
@@ -431,6 +433,13 @@ def _run_markdown(run) -> str:
         f"({copy['bytes'] >> 20} MiB buffer).",
         "",
     ]
+    check = run.get("flush_check")
+    if check:  # runs before this check existed have none
+        lines[-2] += "  "
+        lines.insert(-1, f"Cold-L2 check: a {check['bytes'] >> 20} MiB copy after the flush takes "
+                         f"{check['us']['fresh']:.2f} us on fresh buffers and {check['us']['after_evict_last_read']:.2f} us "
+                         f"when its source was read with evict_last priority before ({check['ratio']:.2f}x; "
+                         "a flush that left such lines in L2 would make the second faster).")
     lines += _suite_table(run)
 
     groups = [

@@ -77,6 +77,16 @@ def test_rerender_from_saved_runs(quick_run, tmp_path):
     assert cli.main(argv) == 0
     text = md.read_text()
     assert "## Run 1:" in text and "## Run 2:" in text and png.exists()
+    assert "Cold-L2 check" not in text  # a CPU run has no flush check
+
+
+def test_markdown_states_the_flush_check(quick_run):
+    _, files = quick_run
+    run = json.loads(files["json"].read_text())
+    run["flush_check"] = {"bytes": 16 << 20, "us": {"fresh": 5.34, "after_evict_last_read": 5.38}, "ratio": 5.38 / 5.34}
+    md = bench.render_markdown([run])
+    assert ("Cold-L2 check: a 16 MiB copy after the flush takes 5.34 us on fresh buffers and 5.38 us when its "
+            "source was read with evict_last priority before (1.01x;") in md
 
 
 def test_suite_summary_is_mean_time_over_mean_floor():
@@ -199,6 +209,17 @@ def test_span_of_a_multi_kernel_call_covers_all_of_it(gpu_timers):
     assert sum("memcpy" in n.lower() for n in names) == 3, names
     spans = split_spans(acts, 3)
     assert all(s >= 1.9 * one.mean_us for s in spans)
+
+
+@pytest.mark.gpu
+def test_flush_evicts_lines_of_evict_last_priority():
+    """The timer's flush leaves a copy as slow after an evict_last read of its source as on fresh
+    buffers; one pass of default-priority stores (the flush before this check) does not, which
+    shows that the check can tell them apart."""
+    timer = ColdL2Timer("cuda", calls=20, warmup=2, profile=False)
+    assert timing.flush_check(timer)["ratio"] >= 0.93
+    timer._zero = timer.flush.zero_
+    assert timing.flush_check(timer)["ratio"] < 0.93
 
 
 @pytest.mark.gpu
