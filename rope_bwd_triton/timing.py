@@ -302,7 +302,7 @@ def copy_bandwidth(timer: ColdL2Timer, nbytes: int = 1 << 30) -> dict:
     return {"bytes": nbytes, "GBps": bandwidth_GBps(2 * nbytes, stats.mean_us), "time": stats.as_dict()}
 
 
-def flush_check(timer: ColdL2Timer, nbytes: int = 16 << 20) -> dict:
+def flush_check(timer: ColdL2Timer, nbytes: int = 8 << 20) -> dict:
     """Whether the flush evicts lines of evict_last priority: a copy of nbytes timed on fresh
     buffers, then on fresh buffers whose source was first read with evict_last. A flush that
     leaves those lines in L2 makes the second faster (0.83x on the H200 with one pass of

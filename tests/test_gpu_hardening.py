@@ -11,6 +11,7 @@ streams, memory): what only a real GPU can show. Every test needs CUDA.
 """
 
 import contextlib
+import gc
 
 import pytest
 import torch
@@ -255,6 +256,7 @@ def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
     for name, call in calls.items():
         call()  # warm-up: compilation
         torch.cuda.synchronize()
+        gc.collect()  # garbage of earlier tests, freed inside the window, would read as fewer bytes kept
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.reset_accumulated_memory_stats()
         base = _stat("requested_bytes.all.current")
