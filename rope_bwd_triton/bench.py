@@ -484,7 +484,9 @@ def _run_markdown(run) -> str:
 
 METHOD = """\
 Method (DESIGN.md section 6): GPU time of one call on a cold L2 (a buffer of 2x the
-L2 size is zeroed before each call), the GPU kept busy by `torch.cuda._sleep` while
+L2 size is zeroed before each call, with evict_last stores and then again with default
+ones, so that lines read with evict_last priority go too; runs before 2026-11-30 09:23
+UTC zeroed it once), the GPU kept busy by `torch.cuda._sleep` while
 the host enqueues, mean over the calls of a workload. Each call is timed two ways
 at once: the kernel span (as SOL-ExecBench: from the start of the first kernel,
 memset or memcpy the call launched to the end of the last, read from CUPTI through
