@@ -1,7 +1,8 @@
 """GPU time of one call on a cold L2 (DESIGN.md section 6), by two methods at once.
 
 Per timed call: zero a buffer of 2x the L2 size (evicts everything the previous
-call left in L2, lines of evict_last priority included: see the flush kernel), record a CUDA event, make the call, record another event. The
+call left in L2, lines of evict_last priority included: see the flush kernel),
+record a CUDA event, make the call, record another event. The
 host enqueues a batch of such calls behind a `torch.cuda._sleep` long enough to
 cover the whole batch, so the GPU never waits for the host's Python or launch
 overhead. The sleep length is calibrated, and a batch is redone with a longer
@@ -85,7 +86,7 @@ def rope_bench_cold_l2_flush(ptr, n, BLOCK: tl.constexpr):
 
     Why two passes: lines that a kernel loaded with evict_last priority (inductor's kernels
     load broadcast and re-read operands that way) outlive stores of the default priority, of
-    any volume. On the H200 a 16 MiB copy whose source had been read with evict_last ran in
+    any volume. On the H200 a copy of 8 MiB whose source had been read with evict_last ran in
     4.44 us after a one-pass flush against 5.33 us on fresh buffers. Stores of evict_last
     priority displace those lines; the second pass gives the buffer's lines the default
     priority back, so that the timed call's own loads evict them as usual (5.38 against 5.34
@@ -306,7 +307,7 @@ def flush_check(timer: ColdL2Timer, nbytes: int = 8 << 20) -> dict:
     """Whether the flush evicts lines of evict_last priority: a copy of nbytes timed on fresh
     buffers, then on fresh buffers whose source was first read with evict_last. A flush that
     leaves those lines in L2 makes the second faster (0.83x on the H200 with one pass of
-    default-priority stores); ratio = second / first."""
+    default-priority stores, by kernel durations); ratio = second / first."""
     def copy(src, dst, eviction):
         rope_bench_copy[(triton.cdiv(src.numel(), FLUSH_BLOCK),)](src, dst, src.numel(), BLOCK=FLUSH_BLOCK,
                                                                   EVICTION=eviction)

@@ -230,7 +230,8 @@ def test_flush_evicts_lines_of_evict_last_priority(gpu_timers):
     assert timing.flush_check(timer)["ratio"] >= 0.93
     n = timer.flush.numel()
     one_pass = ColdL2Timer("cuda", calls=20, warmup=2, primary="span")
-    one_pass._zero = lambda: rope_bench_cold_l2_flush[(triton.cdiv(n, 4096),)](one_pass.flush, n, BLOCK=4096)
+    block = timing.FLUSH_BLOCK
+    one_pass._zero = lambda: rope_bench_cold_l2_flush[(triton.cdiv(n, block),)](one_pass.flush, n, BLOCK=block)
     assert timing.flush_check(one_pass)["ratio"] < 0.93
 
 
