@@ -431,15 +431,15 @@ def _run_markdown(run) -> str:
         f"Timer: {meta['timer']}; mean of {meta['calls']} calls per workload.  ",
         f"Copy bandwidth (device-to-device copy, read + write): {copy['GBps'] / 1e3:.2f} TB/s "
         f"({copy['bytes'] >> 20} MiB buffer).",
-        "",
     ]
     check = run.get("flush_check")
     if check:  # runs before this check existed have none
-        lines[-2] += "  "
-        lines.insert(-1, f"Cold-L2 check: a {check['bytes'] >> 20} MiB copy after the flush takes "
-                         f"{check['us']['fresh']:.2f} us on fresh buffers and {check['us']['after_evict_last_read']:.2f} us "
-                         f"when its source was read with evict_last priority before ({check['ratio']:.2f}x; "
-                         "a flush that left such lines in L2 would make the second faster).")
+        lines[-1] += "  "
+        lines.append(f"Cold-L2 check: a {check['bytes'] >> 20} MiB copy after the flush takes "
+                     f"{check['us']['fresh']:.2f} us on fresh buffers and {check['us']['after_evict_last_read']:.2f} us "
+                     f"when its source was read with evict_last priority before ({check['ratio']:.2f}x; "
+                     "a flush that left such lines in L2 would make the second faster).")
+    lines.append("")
     lines += _suite_table(run)
 
     groups = [

@@ -93,9 +93,9 @@ def rope_bench_cold_l2_flush(ptr, n, BLOCK: tl.constexpr):
     us). Programs start in about the order of their ids, so the first pass is over before
     the second reaches lines the first left in L2. `flush_check` measures this in every run."""
     pid = tl.program_id(0)
-    passes = tl.num_programs(0) // 2
-    offs = (pid % passes).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    if pid < passes:
+    per_pass = tl.num_programs(0) // 2
+    offs = (pid % per_pass).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if pid < per_pass:
         tl.store(ptr + offs, 0, mask=offs < n, eviction_policy="evict_last")
     else:
         tl.store(ptr + offs, 0, mask=offs < n)
