@@ -65,9 +65,19 @@ def _load_side(x, p, sx_h, sp_h, h, x_half, p_half, mask, READ: tl.constexpr, GR
 
 
 @triton.jit
-def _store_halves(base, s_h, h, half_off, y1, y2, mask):
-    tl.store(_halves(base, s_h, h, half_off), tl.join(y1, y2).to(base.dtype.element_ty),
-             mask=mask[:, :, :, None])
+def _store_halves(base, s_h, h, half_off, y1, y2, mask, ROW_STORE: tl.constexpr):
+    """Both halves of heads h, written by one access. ROW_STORE: pointers [2, tokens, heads,
+    channels], halves axis first, so that Triton puts it on the lanes rather than in each
+    thread's registers, and one store instruction writes whole rows: with the axis in
+    registers each instruction writes one half of its rows, and the 32-byte sectors that two
+    halves share (bf16 head_dim 72: 72-byte halves) go to the L2 once per half. It costs a
+    register shuffle of the values (see _row_store)."""
+    y = tl.join(y1, y2).to(base.dtype.element_ty)
+    if ROW_STORE:
+        ptrs = (base + h * s_h)[None, :, :, :] + tl.arange(0, 2)[:, None, None, None] * half_off
+        tl.store(ptrs, tl.permute(y, (3, 0, 1, 2)), mask=mask[None, :, :, :])
+    else:
+        tl.store(_halves(base, s_h, h, half_off), y, mask=mask[:, :, :, None])
 
 
 STRIDES = (  # stride parameters of rotary_kernel, in order: 3 per [S, H, D] tensor, 2 per table
@@ -92,7 +102,7 @@ def rotary_kernel(
     sg0_s: tl.constexpr, sg0_d: tl.constexpr, sg1_s: tl.constexpr, sg1_d: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     ADJOINT: tl.constexpr, ANGLES: tl.constexpr,
-    WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, GRAD_TABLE: tl.constexpr,
+    WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, GRAD_TABLE: tl.constexpr, ROW_STORE: tl.constexpr,
 ):
     BLOCK_H: tl.constexpr = BLOCK_R // 2  # heads per side in one chunk
     # Sides that are neither written nor summed for the table are not read.
@@ -158,16 +168,18 @@ def rotary_kernel(
                                             READ_K, GRAD_TABLE)
         if GRAD_TABLE:
             # grad_cos = sum g*p ; grad_sin = sum g*rotate_half(p), rotate_half(p) = (-p2, p1)
-            gc1 += tl.sum(xq1 * pq1, axis=1) + tl.sum(xk1 * pk1, axis=1)
-            gc2 += tl.sum(xq2 * pq2, axis=1) + tl.sum(xk2 * pk2, axis=1)
-            gs1 -= tl.sum(xq1 * pq2, axis=1) + tl.sum(xk1 * pk2, axis=1)
-            gs2 += tl.sum(xq2 * pq1, axis=1) + tl.sum(xk2 * pk1, axis=1)
+            # One reduction per quantity over both sides (masked heads hold zeros): half the
+            # cross-lane shuffles of a sum per side.
+            gc1 += tl.sum(xq1 * pq1 + xk1 * pk1, axis=1)
+            gc2 += tl.sum(xq2 * pq2 + xk2 * pk2, axis=1)
+            gs1 -= tl.sum(xq1 * pq2 + xk1 * pk2, axis=1)
+            gs2 += tl.sum(xq2 * pq1 + xk2 * pk1, axis=1)
         if WRITE_Q:
             _store_halves(Y_q + s3 * syq_s + d3 * syq_d, syq_h, h, HALF * syq_d,
-                          xq1 * c1b + xq2 * a, xq2 * c2b + xq1 * b, mq)
+                          xq1 * c1b + xq2 * a, xq2 * c2b + xq1 * b, mq, ROW_STORE)
         if WRITE_K:
             _store_halves(Y_k + s3 * syk_s + d3 * syk_d, syk_h, h, HALF * syk_d,
-                          xk1 * c1b + xk2 * a, xk2 * c2b + xk1 * b, mk)
+                          xk1 * c1b + xk2 * a, xk2 * c2b + xk1 * b, mk, ROW_STORE)
 
     if GRAD_TABLE:
         if ANGLES:
@@ -207,12 +219,22 @@ def _constexprs(HQ, D, HK, adjoint, layout, config):
     ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)  # unused tensors get zero strides
     flat = (st for lay, n in zip(layout, ndims) for st in (lay[0] if lay else (0,) * n))
     y_q, y_k, g0, t1 = layout[2], layout[3], layout[8], layout[7]
+    y_dtype = (y_q or y_k or g0)[1]
     return dict(
         HQ=HQ, HK=HK, HALF=D // 2, **dict(zip(STRIDES, flat)),
         BLOCK_S=cfg["BLOCK_S"], BLOCK_D=cfg["BLOCK_D"], BLOCK_R=cfg["BLOCK_R"],
         ADJOINT=adjoint, ANGLES=t1 is None, WRITE_Q=y_q is not None, WRITE_K=y_k is not None,
-        GRAD_TABLE=g0 is not None, num_warps=cfg["num_warps"],
+        GRAD_TABLE=g0 is not None, ROW_STORE=_row_store(D // 2, y_dtype.itemsize, g0 is not None),
+        num_warps=cfg["num_warps"],
     )
+
+
+def _row_store(half, itemsize, grad_table):
+    """Whole rows per store instruction (see _store_halves) where half rows share sectors and
+    no table gradient is computed. Measured on the H200 (bf16, head_dim 72, kernel time, best
+    configuration of each): forward and q/k-only backward 2-5% faster; the backward with a
+    table gradient 1-6% slower, so it keeps per-half stores."""
+    return not grad_table and (half * itemsize) % 32 != 0
 
 
 @functools.lru_cache(maxsize=1024)
