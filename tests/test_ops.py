@@ -131,14 +131,18 @@ def test_partial_gradients(kernel, device, which, gen):
      dict(BLOCK_S=2, BLOCK_D=16, BLOCK_R=16, num_warps=2)],
 )
 @pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd", "bwd_q_only"])
-def test_launch_configurations(kernel, device, cfg, mode, gen):
-    """The kernel itself across block shapes: masks, row loops and channel chunks."""
+@pytest.mark.parametrize("D", [72, 128])
+def test_launch_configurations(kernel, device, cfg, mode, D, gen):
+    """The kernel itself across block shapes: masks, row loops and channel chunks, and both
+    store paths (fp32 head_dim 72's 144-byte half rows share sectors: whole-row stores when no
+    table gradient is summed; head_dim 128's do not)."""
     if device == "cpu" and not INTERPRET:
         pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
-    S, HQ, HK, D = 13, 5, 3, 72
+    S, HQ, HK = 13, 5, 3
     gq, gk, q, k, e = _inputs(S, HQ, D, torch.float32, device, gen, HK=HK)
-    launch = submodule(kernel, "rotary_triton").launch  # imported at first kernel use: maybe not yet
-    _launch_and_check(launch, mode, cfg, gq, gk, q, k, e)
+    rt = submodule(kernel, "rotary_triton")  # imported at first kernel use: maybe not yet
+    assert rt._row_store(D // 2, 4, grad_table=mode == "bwd") == (D == 72 and mode != "bwd")
+    _launch_and_check(rt.launch, mode, cfg, gq, gk, q, k, e)
 
 
 def _launch_and_check(launch, mode, cfg, gq, gk, q, k, e, offset=0):

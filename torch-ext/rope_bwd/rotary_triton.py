@@ -231,9 +231,10 @@ def _constexprs(HQ, D, HK, adjoint, layout, config):
 
 def _row_store(half, itemsize, grad_table):
     """Whole rows per store instruction (see _store_halves) where half rows share sectors and
-    no table gradient is computed. Measured on the H200 (bf16, head_dim 72, kernel time, best
-    configuration of each): forward and q/k-only backward 2-5% faster; the backward with a
-    table gradient 1-6% slower, so it keeps per-half stores."""
+    no table gradient is computed. H200, kernel time, best configuration of each (NOTES.md):
+    forward and q/k-only backward 1-7% faster at S >= 4096 (bf16 head_dim 72/80, fp32 head_dim
+    72; at S = 1024 within the timing noise); the backward with a table gradient 1-6% slower
+    (bf16 head_dim 72), so it keeps per-half stores."""
     return not grad_table and (half * itemsize) % 32 != 0
 
 
