@@ -15,6 +15,8 @@
 #   demo   the main job
 #   kbench `kernels benchmark` over benchmarks/benchmark.py
 #   host   host time per call of the launch path (benchmarks/host_overhead.py)
+#   copybound  ours against the best plain Triton copy of each task's bytes on the suite
+#          (benchmarks/copy_bound.py)
 #   ncu    hardware counters of our kernel and of a streaming kernel over the same bytes
 #          (benchmarks/ncu_profile.py under Nsight Compute)
 set -uo pipefail
@@ -39,6 +41,7 @@ for stage in "$@"; do
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
     host)  python3 benchmarks/host_overhead.py | tee "$OUT/host.txt" ;;
+    copybound) python3 benchmarks/copy_bound.py --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
            ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 benchmarks/ncu_profile.py metrics)" \
                --csv --page raw python3 benchmarks/ncu_profile.py run --labels "$OUT/ncu-labels.json" > "$OUT/ncu.csv" &&

@@ -1,0 +1,129 @@
+"""What a kernel that only streams a task's bytes takes at the suite's sizes: on the 16 public
+workloads, ours (the benchmark's own calls, verification and timer) against the best of a few
+plain Triton copies of each task's floor bytes (half read, half written, int32 elements) and the
+benchmark's device copy. The floor (bytes / bandwidth of a 1 GiB copy) has no per-call cost; a
+streaming kernel pays its launch, first DRAM round trip and tail at every size, so its suite mean
+shows how close to the floor any kernel that moves these bytes gets on this GPU.
+
+Run: `python benchmarks/copy_bound.py --json out.json` (h200.sh stage `copybound`); `--quick`
+exercises the code path on the CPU (TRITON_INTERPRET=1; the timings mean nothing there)."""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rope_bwd_triton import bench, suite, timing  # noqa: E402
+from rope_bwd_triton.load import load_kernel  # noqa: E402
+
+CONFIGS = ((2048, 4), (4096, 8), (8192, 8))  # (BLOCK, num_warps): the copy's best is kept per size
+SAME_BYTES = {"fwd": "bwd_qk"}  # tasks whose floor bytes equal another's: its copy is timed once
+
+
+@triton.jit
+def stream_copy(X, Y, N, BLOCK: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + o, tl.load(X + o, mask=o < N), mask=o < N)
+
+
+def best_copy(timer, nbytes):
+    """(mean us, BLOCK, num_warps) of the fastest CONFIGS copy of nbytes // 2 bytes."""
+    n = nbytes // 8
+    src = torch.randint(0, 1 << 20, (n,), dtype=torch.int32, device=timer.device)
+    dst = torch.empty_like(src)
+    best = None
+    for block, warps in CONFIGS:
+        def copy():
+            stream_copy[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=warps)
+        dst.fill_(-1)
+        copy()
+        if not torch.equal(src, dst):
+            raise AssertionError(f"copy of {n} elements with BLOCK={block} is wrong")
+        us = timer(copy).mean_us
+        if best is None or us < best[0]:
+            best = (us, block, warps)
+    return best
+
+
+class _Quiet:
+    """The progress-bar interface bench._measure_workload reports to."""
+
+    def set_postfix_str(self, *_):
+        pass
+
+    def update(self, *_):
+        pass
+
+    def write(self, line):
+        print(line, flush=True)
+
+
+def measure(device, seq_lens, H, D, calls, copy_mib):
+    kernel = load_kernel()
+    timer = timing.ColdL2Timer(device, calls=calls, primary="span")
+    bandwidth = timing.copy_bandwidth(timer, copy_mib << 20)["GBps"]
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--peers", "copy"])
+    impls = [i for i in bench.IMPLS if i.peer in (None, "copy")]
+    run = {"device": torch.cuda.get_device_name(device) if timer.cuda else "cpu", "timer": timer.method,
+           "copy_GBps": bandwidth, "configs": CONFIGS, "workloads": []}
+    for S in seq_lens:
+        w = bench._measure_workload(kernel, impls, timer, bandwidth, "suite", S, H, D, args, _Quiet())
+        bad = [n for n, r in w["results"].items() if not r.get("verify", {}).get("ok")]
+        if bad:
+            raise AssertionError(f"S={S}: {bad} failed verification or did not run")
+        row = {"S": S, "floor_us": {t: f["us"] for t, f in w["floors"].items()},
+               "ours_us": {i.task: w["results"][i.name]["time"]["mean_us"] for i in impls if i.peer is None},
+               "device_copy_us": {i.task: w["results"][i.name]["time"]["mean_us"] for i in impls if i.peer == "copy"},
+               "triton_copy": {}}
+        for task, floor in w["floors"].items():
+            if task not in SAME_BYTES:
+                row["triton_copy"][task] = best_copy(timer, floor["bytes"])
+        for task, same in SAME_BYTES.items():
+            row["triton_copy"][task] = row["triton_copy"][same]
+        run["workloads"].append(row)
+        print(f"S={S}: " + ", ".join(f"{t} {row['ours_us'][t]:.2f} / {row['triton_copy'][t][0]:.2f} us"
+                                     for t in row["ours_us"]), flush=True)
+    return run
+
+
+def summary(run) -> list:
+    """[(task, floor, ours, triton copy, device copy)], suite means in us."""
+    ws = run["workloads"]
+    out = []
+    for task in ws[0]["ours_us"]:
+        def mean(get):
+            return statistics.fmean(get(r) for r in ws)
+        out.append((task, mean(lambda r: r["floor_us"][task]), mean(lambda r: r["ours_us"][task]),
+                    mean(lambda r: r["triton_copy"][task][0]), mean(lambda r: r["device_copy_us"][task])))
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", required=True)
+    p.add_argument("--quick", action="store_true", help="CPU code-path check: one tiny workload")
+    a = p.parse_args(argv)
+    if a.quick:
+        run = measure("cpu", bench.QUICK["seq_lens"][:1], bench.QUICK["heads"], bench.QUICK["head_dim"], 2, 1)
+    else:
+        run = measure("cuda", suite.SEQ_LENS, suite.HEADS, suite.HEAD_DIM, 20, 1024)
+    with open(a.json, "w") as f:
+        json.dump(run, f, indent=1)
+    print(f"means over {len(run['workloads'])} workloads, us (x floor); {run['device']}, copy {run['copy_GBps']:.0f} GB/s")
+    print("task       floor  ours            triton copy     device copy")
+    for task, floor, ours, tcopy, dcopy in summary(run):
+        print(f"{task:9s} {floor:6.2f}  {ours:6.2f} ({ours / floor:.3f}x)  {tcopy:6.2f} ({tcopy / floor:.3f}x)"
+              f"  {dcopy:6.2f} ({dcopy / floor:.3f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
