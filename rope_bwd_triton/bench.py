@@ -435,7 +435,7 @@ def _run_markdown(run) -> str:
     check = run.get("flush_check")
     if check:  # runs before this check existed have none
         lines[-1] += "  "
-        lines.append(f"Cold-L2 check: a {check['bytes'] >> 20} MiB copy after the flush takes "
+        lines.append(f"Cold-L2 check: a copy of {check['bytes'] >> 20} MiB after the flush takes "
                      f"{check['us']['fresh']:.2f} us on fresh buffers and {check['us']['after_evict_last_read']:.2f} us "
                      f"when its source was read with evict_last priority before ({check['ratio']:.2f}x; "
                      "a flush that left such lines in L2 would make the second faster).")

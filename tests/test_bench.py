@@ -87,7 +87,7 @@ def test_markdown_states_the_flush_check(quick_run):
     run = json.loads(files["json"].read_text())
     run["flush_check"] = {"bytes": 16 << 20, "us": {"fresh": 5.34, "after_evict_last_read": 5.38}, "ratio": 5.38 / 5.34}
     md = bench.render_markdown([run])
-    assert ("Cold-L2 check: a 16 MiB copy after the flush takes 5.34 us on fresh buffers and 5.38 us when its "
+    assert ("Cold-L2 check: a copy of 16 MiB after the flush takes 5.34 us on fresh buffers and 5.38 us when its "
             "source was read with evict_last priority before (1.01x;") in md
 
 
