@@ -17,6 +17,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rope_bwd_triton import bench, suite, timing  # noqa: E402
@@ -51,19 +52,6 @@ def best_copy(timer, nbytes):
     return best
 
 
-class _Quiet:
-    """The progress-bar interface bench._measure_workload reports to."""
-
-    def set_postfix_str(self, *_):
-        pass
-
-    def update(self, *_):
-        pass
-
-    def write(self, line):
-        print(line, flush=True)
-
-
 def measure(device, seq_lens, H, D, calls, copy_mib):
     kernel = load_kernel()
     timer = timing.ColdL2Timer(device, calls=calls, primary="span")
@@ -74,8 +62,9 @@ def measure(device, seq_lens, H, D, calls, copy_mib):
     impls = [i for i in bench.IMPLS if i.peer in (None, "copy")]
     run = {"device": torch.cuda.get_device_name(device) if timer.cuda else "cpu", "timer": timer.method,
            "copy_GBps": bandwidth, "configs": CONFIGS, "workloads": []}
+    bar = tqdm(total=len(seq_lens) * len(impls), desc="copy-bound", unit="run", file=sys.stderr)
     for S in seq_lens:
-        w = bench._measure_workload(kernel, impls, timer, bandwidth, "suite", S, H, D, args, _Quiet())
+        w = bench.measure_workload(kernel, impls, timer, bandwidth, "suite", S, H, D, args, bar)
         bad = [n for n, r in w["results"].items() if not r.get("verify", {}).get("ok")]
         if bad:
             raise AssertionError(f"S={S}: {bad} failed verification or did not run")
@@ -89,8 +78,9 @@ def measure(device, seq_lens, H, D, calls, copy_mib):
         for task, same in SAME_BYTES.items():
             row["triton_copy"][task] = row["triton_copy"][same]
         run["workloads"].append(row)
-        print(f"S={S}: " + ", ".join(f"{t} {row['ours_us'][t]:.2f} / {row['triton_copy'][t][0]:.2f} us"
-                                     for t in row["ours_us"]), flush=True)
+        bar.write(f"S={S}: " + ", ".join(f"{t} {row['ours_us'][t]:.2f} / {row['triton_copy'][t][0]:.2f} us"
+                                         for t in row["ours_us"]))
+    bar.close()
     return run
 
 

@@ -234,7 +234,9 @@ def _rows(S, n, seed):
     return torch.cat((torch.tensor([0, S - 1]), pick)).sort().values
 
 
-def _measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, bar):
+def measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, bar):
+    """One workload: each implementation in `impls` verified against float64, then timed by
+    `timer`; `bar` (tqdm) shows progress. Returns the workload's entry of the run JSON."""
     import torch
 
     from . import suite
@@ -348,7 +350,7 @@ def measure(args) -> dict:
     measured = []
     with tqdm(total=len(workloads) * len(impls), desc="bench", unit="run", file=sys.stderr) as bar:
         for set_name, S, H, D in workloads:
-            measured.append(_measure_workload(kernel, impls, timer, copy["GBps"], set_name, S, H, D, args, bar))
+            measured.append(measure_workload(kernel, impls, timer, copy["GBps"], set_name, S, H, D, args, bar))
     run = {"meta": meta, "copy": copy, "impls": {i.name: {"label": i.label, "task": i.task} for i in impls},
            "workloads": measured}
     if device.type == "cuda":
