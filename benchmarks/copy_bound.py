@@ -11,6 +11,7 @@ exercises the code path on the CPU (TRITON_INTERPRET=1; the timings mean nothing
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 
@@ -47,7 +48,7 @@ def best_copy(timer, nbytes):
     return best
 
 
-def measure(device, seq_lens, H, D, calls, copy_mib):
+def measure(device, seq_lens, H, D, calls, copy_mib, command):
     kernel = load_kernel()
     timer = timing.ColdL2Timer(device, calls=calls, primary="span")
     bandwidth = timing.copy_bandwidth(timer, copy_mib << 20)["GBps"]
@@ -55,8 +56,8 @@ def measure(device, seq_lens, H, D, calls, copy_mib):
     bench.add_arguments(parser)
     args = parser.parse_args(["--peers", "copy"])
     impls = [i for i in bench.IMPLS if i.peer in (None, "copy")]
-    run = {"device": torch.cuda.get_device_name(device) if timer.cuda else "cpu", "timer": timer.method,
-           "copy_GBps": bandwidth, "configs": CONFIGS, "workloads": []}
+    run = {"meta": bench.run_meta(kernel, timer, calls, command), "copy_GBps": bandwidth, "configs": CONFIGS,
+           "workloads": []}
     bar = tqdm(total=len(seq_lens) * len(impls), desc="copy-bound", unit="run", file=sys.stderr)
     for S in seq_lens:
         w = bench.measure_workload(kernel, impls, timer, bandwidth, "suite", S, H, D, args, bar)
@@ -96,13 +97,15 @@ def main(argv=None):
     p.add_argument("--json", required=True)
     p.add_argument("--quick", action="store_true", help="CPU code-path check: one tiny workload")
     a = p.parse_args(argv)
+    command = "python benchmarks/copy_bound.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if a.quick:
-        run = measure("cpu", bench.QUICK["seq_lens"][:1], bench.QUICK["heads"], bench.QUICK["head_dim"], 2, 1)
+        run = measure("cpu", bench.QUICK["seq_lens"][:1], bench.QUICK["heads"], bench.QUICK["head_dim"], 2, 1, command)
     else:
-        run = measure("cuda", suite.SEQ_LENS, suite.HEADS, suite.HEAD_DIM, 20, 1024)
+        run = measure("cuda", suite.SEQ_LENS, suite.HEADS, suite.HEAD_DIM, 20, 1024, command)
     with open(a.json, "w") as f:
         json.dump(run, f, indent=1)
-    print(f"means over {len(run['workloads'])} workloads, us (x floor); {run['device']}, copy {run['copy_GBps']:.0f} GB/s")
+    print(f"means over {len(run['workloads'])} workloads, us (x floor); {run['meta']['gpu'] or 'CPU'}, "
+          f"copy {run['copy_GBps']:.0f} GB/s")
     print("task       floor  ours            triton copy     device copy")
     for task, floor, ours, tcopy, dcopy in summary(run):
         print(f"{task:9s} {floor:6.2f}  {ours:6.2f} ({ours / floor:.3f}x)  {tcopy:6.2f} ({tcopy / floor:.3f}x)"

@@ -322,6 +322,24 @@ def _versions():
     return found
 
 
+def run_meta(kernel, timer, calls, command) -> dict:
+    """What a recorded run needs to be read and redone: date, command, kernel variant, versions,
+    timer; on CUDA the GPU's name, SM count and L2 size."""
+    import torch
+
+    meta = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
+        "device": str(timer.device), "kernel_variant": kernel.__name__, "versions": _versions(),
+        "calls": calls, "timer": timer.method, "timer_other": timer.other,
+    }
+    if timer.cuda:
+        props = torch.cuda.get_device_properties(timer.device)
+        meta.update(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
+    else:
+        meta.update(gpu=None, note="CPU run: code-path check only, the timings mean nothing")
+    return meta
+
+
 def measure(args) -> dict:
     import torch
     from tqdm import tqdm
@@ -336,17 +354,7 @@ def measure(args) -> dict:
     peers = set(args.peers)
     impls = [i for i in IMPLS if i.peer is None or i.peer in peers]
     workloads = _workloads(args)
-    meta = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
-        "device": str(device), "kernel_variant": kernel.__name__, "versions": _versions(),
-        "calls": args.calls, "timer": timer.method, "timer_other": timer.other,
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        meta.update(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
-    else:
-        meta.update(gpu=None, note="CPU run: code-path check only, the timings mean nothing")
+    meta = run_meta(kernel, timer, args.calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
     measured = []
     with tqdm(total=len(workloads) * len(impls), desc="bench", unit="run", file=sys.stderr) as bar:
         for set_name, S, H, D in workloads:

@@ -19,6 +19,8 @@ def test_quick_run_writes_every_task(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = json.loads(out.read_text())
+    assert run["meta"]["command"] == f"python benchmarks/copy_bound.py --quick --json {out}"
+    assert run["meta"]["gpu"] is None and run["meta"]["versions"]["torch"]
     configs = [tuple(c) for c in run["configs"]]
     (row,) = run["workloads"]
     for key in ("floor_us", "ours_us", "device_copy_us", "triton_copy"):
