@@ -285,7 +285,7 @@ def measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, b
         del call
         bar.update()
     del data
-    if timer.device.type == "cuda":
+    if timer.cuda:
         torch.cuda.empty_cache()
     return {"set": set_name, "S": S, "H": H, "D": D, "floors": floors, "results": results}
 
@@ -361,7 +361,7 @@ def measure(args) -> dict:
             measured.append(measure_workload(kernel, impls, timer, copy["GBps"], set_name, S, H, D, args, bar))
     run = {"meta": meta, "copy": copy, "impls": {i.name: {"label": i.label, "task": i.task} for i in impls},
            "workloads": measured}
-    if device.type == "cuda":
+    if timer.cuda:
         run["flush_check"] = flush_check(timer)
     run["summary"] = summarize(run)
     return run
