@@ -100,8 +100,8 @@ def _backward_with_config_of(kernel, x, head_dim):
     S, H, _ = gq.shape
     config = submodule(kernel, "tuning").config_for("bwd", S, H, H, head_dim, gq.element_size(), gq.device)
     out = [torch.empty_like(t) for t in (gq, gk, emb)]
-    launch = submodule(kernel, "rotary_triton").launch
-    return lambda: launch(gq, gk, out[0], out[1], q, k, emb, None, out[2], None, adjoint=True, config=config)
+    rt = submodule(kernel, "rotary_triton")
+    return lambda: rt.launch_bwd(gq, gk, emb, None, dq=out[0], dk=out[1], q=q, k=k, dtable=out[2], config=config)
 
 
 def report(args):

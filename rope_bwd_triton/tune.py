@@ -96,7 +96,7 @@ class Bucket:
         from .load import submodule
 
         self.timer, self.mode, self.dtype = timer, mode, dtype
-        self.launch = submodule(kernel, "rotary_triton").launch
+        self.rt = submodule(kernel, "rotary_triton")
         self.cases = []
         for i, S in enumerate(seq_lens):
             data = data_for(S)
@@ -118,13 +118,13 @@ class Bucket:
     def _run(self, x, out, cfg):
         if self.mode == "fwd":
             q, k, emb = x
-            self.launch(q, k, *out, None, None, emb, None, None, None, adjoint=False, config=cfg)
+            self.rt.launch_fwd(q, k, emb, None, *out, config=cfg)
         elif self.mode == "bwd":
             gq, gk, q, k, emb = x
-            self.launch(gq, gk, out[0], out[1], q, k, emb, None, out[2], None, adjoint=True, config=cfg)
+            self.rt.launch_bwd(gq, gk, emb, None, dq=out[0], dk=out[1], q=q, k=k, dtable=out[2], config=cfg)
         else:
             gq, gk, cos, sin = x
-            self.launch(gq, gk, *out, None, None, cos, sin, None, None, adjoint=True, config=cfg)
+            self.rt.launch_bwd(gq, gk, cos, sin, dq=out[0], dk=out[1], config=cfg)
 
     def correct(self, cfg) -> bool:
         from .bench import TOLERANCE

@@ -142,12 +142,12 @@ def test_launch_configurations(kernel, device, cfg, mode, D, gen):
     gq, gk, q, k, e = _inputs(S, HQ, D, torch.float32, device, gen, HK=HK)
     rt = submodule(kernel, "rotary_triton")  # imported at first kernel use: maybe not yet
     assert rt._row_store(D // 2, 4, grad_table=mode == "bwd") == (D == 72 and mode != "bwd")
-    _launch_and_check(rt.launch, mode, cfg, gq, gk, q, k, e)
+    _launch_and_check(rt, mode, cfg, gq, gk, q, k, e)
 
 
-def _launch_and_check(launch, mode, cfg, gq, gk, q, k, e, offset=0):
-    """One launch of the kernel in `mode` on poisoned outputs (views `offset` elements into
-    their buffers), checked against float64."""
+def _launch_and_check(rt, mode, cfg, gq, gk, q, k, e, offset=0):
+    """One launch of the kernel (`rt`: the rotary_triton module) in `mode` on poisoned
+    outputs (views `offset` elements into their buffers), checked against float64."""
     dtype, what = q.dtype, f", offset {offset}"
 
     def poisoned(t):
@@ -156,20 +156,19 @@ def _launch_and_check(launch, mode, cfg, gq, gk, q, k, e, offset=0):
     dq, dk, de = poisoned(q), poisoned(k), poisoned(e)
     ref = suite.reference_backward(gq, gk, q, k, e)
     if mode == "bwd":
-        launch(gq, gk, dq, dk, q, k, e, None, de, None, adjoint=True, config=cfg)
+        rt.launch_bwd(gq, gk, e, None, dq=dq, dk=dk, q=q, k=k, dtable=de, config=cfg)
         for o, r, name in zip((dq, dk, de), ref, ("dq", "dk", "de")):
             _close(o, r, torch.float32 if name == "de" else dtype, f"{mode} {name}{what}")
     elif mode == "bwd_qk":
-        cos, sin = e.cos(), e.sin()
-        launch(gq, gk, dq, dk, None, None, cos, sin, None, None, adjoint=True, config=cfg)
+        rt.launch_bwd(gq, gk, e.cos(), e.sin(), dq=dq, dk=dk, config=cfg)
         _close(dq, ref[0], dtype, f"{mode} dq{what}")
         _close(dk, ref[1], dtype, f"{mode} dk{what}")
     elif mode == "bwd_q_only":
-        launch(gq, gk, dq, None, None, None, e, None, None, None, adjoint=True, config=cfg)
+        rt.launch_bwd(gq, gk, e, None, dq=dq, config=cfg)
         _close(dq, ref[0], dtype, f"{mode} dq{what}")
         assert dk.isnan().all(), "k side written though not asked for"
     else:
-        launch(q, k, dq, dk, None, None, e, None, None, None, adjoint=False, config=cfg)
+        rt.launch_fwd(q, k, e, None, dq, dk, config=cfg)
         for o, r in zip((dq, dk), suite.reference_forward(*(t.cpu().double() for t in (q, k, e)))):
             _close(o, r, dtype, f"fwd{what}")
 
@@ -292,7 +291,7 @@ def test_direct_launch_gpu(kernel, dtype, mode, gen, monkeypatch):
         base = [torch.randn(S * H * D + offset, generator=gen).to(device="cuda", dtype=dtype) for _ in range(4)]
         gq, gk, q, k = (b[offset:].view(S, H, D) for b in base)
         e = torch.randn(S, D, generator=gen).cuda()
-        _launch_and_check(rt.launch, mode, cfg, gq, gk, q, k, e, offset)
+        _launch_and_check(rt, mode, cfg, gq, gk, q, k, e, offset)
 
     check(0)
     assert len(triton_runs) == 1
@@ -303,6 +302,6 @@ def test_direct_launch_gpu(kernel, dtype, mode, gen, monkeypatch):
     check(1)
     assert len(triton_runs) == 2
     hooked = []
-    monkeypatch.setattr(rt.knobs.runtime, "launch_enter_hook", lambda meta: hooked.append(meta.get()["name"]))
+    monkeypatch.setattr(rt.triton.knobs.runtime, "launch_enter_hook", lambda meta: hooked.append(meta.get()["name"]))
     check(0)
     assert len(triton_runs) == 2 and hooked == ["rotary_kernel"]

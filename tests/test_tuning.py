@@ -58,7 +58,21 @@ def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
     assert tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu")) == tuned
     # another S of the same bucket shares the entry; another dtype is another bucket
     assert tuning.config_for("bwd", 4096, H, H, D, 4, torch.device("cpu")) == tuned
-    assert tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config("bwd", S, 2 * H, D, 2, 132)
+    assert tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config("bwd", 4096, 2 * H, D, 2, 132)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("elem", [2, 4])
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "bwd_qk"])
+def test_one_config_per_bucket(tuning, mode, elem):
+    """Without a tuned entry too, every S of a bucket gets the bucket's configuration (its
+    largest S's default), so that a new S never compiles a new kernel."""
+    configs = {}
+    for S in range(1, 20000, 37):
+        cfg = tuning.config_for(mode, S, 16, 16, 72, elem, torch.device("cpu"))
+        configs.setdefault(tuning.s_bucket(S), set()).add(tuple(cfg.items()))
+    assert all(len(c) == 1 for c in configs.values()) and len(configs) == 5
+    assert configs["S256"] == {tuple(tuning.default_config(mode, 256, 32, 72, elem, 132).items())}
 
 
 @pytest.mark.kernels_ci
@@ -69,7 +83,7 @@ def test_falls_back_to_default_config(tuning, tmp_path, case):
         other = tuning.bucket("fwd", S, 2 * H, 128, 4)
         (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({other: {"BLOCK_S": 8, "BLOCK_D": 8, "BLOCK_R": 2, "num_warps": 1}}))
     cfg = tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu"))
-    assert cfg == tuning.default_config("bwd", S, 2 * H, D, 4, 132)
+    assert cfg == tuning.default_config("bwd", tuning.bucket_size(tuning.s_bucket(S)), 2 * H, D, 4, 132)
 
 
 @pytest.mark.kernels_ci

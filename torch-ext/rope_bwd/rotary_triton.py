@@ -1,6 +1,6 @@
 """One strided Triton kernel for the rotary embedding, forward and backward.
 
-Layout (any strides, element units; strides and head counts are compile-time constants):
+Layout (any strides, element units):
     X_q [S, HQ, D], X_k [S, HK, D]   rotated inputs: q, k (forward) or the
                                      upstream gradients grad_q_embed, grad_k_embed (backward)
     Y_q, Y_k                         outputs, same shapes
@@ -20,19 +20,27 @@ registers, in a fixed order (deterministic, no atomics). Small tiles on one
 warp measured fastest on the H200 (many programs in flight per SM); splitting
 the half dimension gives small-S launches enough programs to fill the GPU.
 
-Only the pointers and S are runtime arguments. Strides, head counts and D do not
-depend on S (a model has one layout per call site), so making them constexprs
-costs one compilation per layout and buys two things: exact divisibility for the
-compiler (head_dim 72 or 80 gets vector, not scalar, accesses) and a short
-argument list, whose packing is much of the host time of a launch. No eviction
-hints: measured slower.
+Compiled once per layout, never per sequence length: training on images of many
+sizes sees a new S nearly every step. Only the pointers and S are runtime
+arguments, and S is not specialized by Triton (do_not_specialize: no variant for
+S == 1 or S % 16 == 0). Everything else is a constexpr that does not change with
+S: head counts, head_dim, block sizes, mode flags and the strides. A stride is a
+constant, or a multiple of S: the upstream gradient as sdpa returns it, [1, H, S, D]
+seen as [S, H, D], has head stride S*D. Such a stride is passed as -a for a*S
+(`_encode`); the kernel multiplies it out in int64, and the compiler still knows
+it divides by a (head_dim 72 in bf16 keeps 16-byte accesses). Constexpr strides
+give the compiler exact divisibility and a short argument list, whose packing is
+much of the host time of a launch. Triton compiles one kernel per value of the
+constexprs, pointer dtypes and 16-byte alignment, and of S's integer width (32 or
+64 bits): per call site, one per launch configuration (tuning.py's S buckets). No
+eviction hints: measured slower.
 """
 
 import functools
 
+import torch
 import triton
 import triton.language as tl
-from triton import knobs
 
 
 @triton.jit
@@ -80,6 +88,15 @@ def _store_halves(base, s_h, h, half_off, y1, y2, mask, ROW_STORE: tl.constexpr)
         tl.store(_halves(base, s_h, h, half_off), y, mask=mask[:, :, :, None])
 
 
+@triton.jit
+def _stride(S, st: tl.constexpr):
+    """A stride constexpr as `_encode` writes it: st >= 0 is the stride, -a stands for a*S."""
+    if st < 0:
+        return S.to(tl.int64) * (-st)
+    else:
+        return st
+
+
 STRIDES = (  # stride parameters of rotary_kernel, in order: 3 per [S, H, D] tensor, 2 per table
     "sxq_s", "sxq_h", "sxq_d", "sxk_s", "sxk_h", "sxk_d",
     "syq_s", "syq_h", "syq_d", "syk_s", "syk_h", "syk_d",
@@ -88,7 +105,7 @@ STRIDES = (  # stride parameters of rotary_kernel, in order: 3 per [S, H, D] ten
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])
 def rotary_kernel(
     X_q, X_k, Y_q, Y_k, P_q, P_k, T0, T1, G0, G1, S,
     HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
@@ -105,6 +122,11 @@ def rotary_kernel(
     WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, GRAD_TABLE: tl.constexpr, ROW_STORE: tl.constexpr,
 ):
     BLOCK_H: tl.constexpr = BLOCK_R // 2  # heads per side in one chunk
+    # Strides of dimensions other than the tokens' may grow with S (see _encode).
+    sxq_h, sxq_d, sxk_h, sxk_d = _stride(S, sxq_h), _stride(S, sxq_d), _stride(S, sxk_h), _stride(S, sxk_d)
+    syq_h, syq_d, syk_h, syk_d = _stride(S, syq_h), _stride(S, syq_d), _stride(S, syk_h), _stride(S, syk_d)
+    spq_h, spq_d, spk_h, spk_d = _stride(S, spq_h), _stride(S, spq_d), _stride(S, spk_h), _stride(S, spk_d)
+    st0_d, st1_d, sg0_d, sg1_d = _stride(S, st0_d), _stride(S, st1_d), _stride(S, sg0_d), _stride(S, sg1_d)
     # Sides that are neither written nor summed for the table are not read.
     READ_Q: tl.constexpr = WRITE_Q or GRAD_TABLE
     READ_K: tl.constexpr = WRITE_K or GRAD_TABLE
@@ -193,28 +215,30 @@ def rotary_kernel(
             tl.store(G1 + s2 * sg1_s + (d2 + HALF) * sg1_d, gs2.to(G1.dtype.element_ty), mask=mask_sd)
 
 
-class _Plan:
-    """One launch shape: grid, constexprs and, once it has run, Triton's compiled kernel.
-    Later launches of the shape call that kernel's launcher directly, exactly as Triton's
-    `kernel[grid](...)` does after binding and specializing the arguments, which costs
-    more host time than the kernel takes at small S (and a training step at a few thousand
-    tokens waits on host time)."""
-
-    def __init__(self, grid, consts):
-        self.grid, self.consts = grid, consts
-        # constexpr values in the kernel's parameter order (the launcher skips them)
-        self.const_args = tuple(consts[n] for n in rotary_kernel.arg_names if n in consts)
-        self.compiled = None
+def _encode(strides, S):
+    """Strides as the kernel's constexprs, which must not change with S: a stride that is
+    a multiple of S times the token stride (a dimension laid out outside the tokens, as
+    the heads of sdpa's [H, S, D] gradient) becomes -(stride // S), which the kernel
+    multiplies back by S (`_stride`). The token stride itself never depends on S."""
+    unit = S * abs(strides[0])
+    if unit == 0 or max(strides) < unit:  # the common case: nothing outside the tokens
+        return strides
+    return (strides[0], *(-(st // S) if st and st % unit == 0 else st for st in strides[1:]))
 
 
-def _grid(S, D, cfg):
-    return (triton.cdiv(S, cfg["BLOCK_S"]), triton.cdiv(D // 2, cfg["BLOCK_D"]))
+def _row_store(half, itemsize, grad_table):
+    """Whole rows per store instruction (see _store_halves) where half rows share sectors and
+    no table gradient is computed. H200, kernel time, best configuration of each (NOTES.md):
+    forward and q/k-only backward 1-7% faster at S >= 4096 (bf16 head_dim 72/80, fp32 head_dim
+    72; at S = 1024 within the timing noise); the backward with a table gradient 1-6% slower
+    (bf16 head_dim 72), so it keeps per-half stores."""
+    return not grad_table and (half * itemsize) % 32 != 0
 
 
 def _constexprs(HQ, D, HK, adjoint, layout, config):
     """The kernel's constexprs. `layout` holds, per tensor argument, None (unused) or
-    (strides, dtype, 16-byte alignment of its pointer): the strides are constexprs; dtypes
-    and alignment only key the compiled kernel (Triton compiles one per value)."""
+    (encoded strides, dtype, 16-byte alignment of its pointer): the strides are constexprs;
+    dtypes and alignment only key the compiled kernel (Triton compiles one per value)."""
     cfg = dict(config)
     ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)  # unused tensors get zero strides
     flat = (st for lay, n in zip(layout, ndims) for st in (lay[0] if lay else (0,) * n))
@@ -227,21 +251,6 @@ def _constexprs(HQ, D, HK, adjoint, layout, config):
         GRAD_TABLE=g0 is not None, ROW_STORE=_row_store(D // 2, y_dtype.itemsize, g0 is not None),
         num_warps=cfg["num_warps"],
     )
-
-
-def _row_store(half, itemsize, grad_table):
-    """Whole rows per store instruction (see _store_halves) where half rows share sectors and
-    no table gradient is computed. H200, kernel time, best configuration of each (NOTES.md):
-    forward and q/k-only backward 1-7% faster at S >= 4096 (bf16 head_dim 72/80, fp32 head_dim
-    72; at S = 1024 within the timing noise); the backward with a table gradient 1-6% slower
-    (bf16 head_dim 72), so it keeps per-half stores."""
-    return not grad_table and (half * itemsize) % 32 != 0
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan(S, HQ, D, HK, adjoint, layout, config, device):
-    """The _Plan of one launch, cached (`device` keys the compiled kernel)."""
-    return _Plan(_grid(S, D, dict(config)), _constexprs(HQ, D, HK, adjoint, layout, config))
 
 
 def _pointer_args(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1):
@@ -258,58 +267,143 @@ def _pointer_args(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1):
     )
 
 
-def launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
-    """Run the kernel on the current device. Tensors that a mode does not use may be None
-    (y_q/y_k when that side is not written; p_*, g* without a table gradient; t1, g1 in
-    angle mode). Outputs y_q and y_k share one dtype. `config` holds BLOCK_S, BLOCK_D,
-    BLOCK_R, num_warps (see tuning.py)."""
+_DIRECT = {"ok": True}  # False once this Triton's compiled kernels lack what _direct needs
+
+
+def _direct(kernel):
+    """A launcher (grid, stream, args) that calls Triton's compiled `kernel` as
+    JITFunction.run does after binding and specializing the arguments, which costs more
+    host time than the kernel takes at small S (a training step at a few thousand tokens
+    waits on host time). These are Triton internals: when this Triton's compiled kernel or
+    knobs lack them, None, with a warning once, and every launch goes through
+    `rotary_kernel[grid]`."""
+    try:
+        run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
+        launch_metadata, runtime = kernel.launch_metadata, triton.knobs.runtime
+        runtime.launch_enter_hook, runtime.launch_exit_hook  # noqa: B018 (must exist)
+        current_stream = triton.runtime.driver.active.get_current_stream
+    except AttributeError as e:
+        _fall_back(e)
+        return None
+
+    def launch(grid, device, args):
+        stream = current_stream(device)
+        run(grid[0], grid[1], 1, stream, function, packed, launch_metadata(grid, stream, *args),
+            runtime.launch_enter_hook, runtime.launch_exit_hook, *args)
+
+    return launch
+
+
+def _fall_back(error):
+    if _DIRECT["ok"]:
+        import warnings
+
+        warnings.warn(f"rope_bwd: this Triton ({triton.__version__}) does not take the direct launch "
+                      f"({type(error).__name__}: {error}); launching through rotary_kernel[grid], which "
+                      "costs more host time per call", RuntimeWarning, stacklevel=4)
+    _DIRECT["ok"] = False
+
+
+class _Plan:
+    """One layout's launch: constexprs (the kernel's parameter order too, since the launcher
+    takes them) and, once Triton has compiled the kernel, the direct launcher."""
+
+    def __init__(self, consts):
+        self.consts = consts
+        self.const_args = tuple(consts[n] for n in rotary_kernel.arg_names if n in consts)
+        self.block_s = consts["BLOCK_S"]
+        self.n_d = triton.cdiv(consts["HALF"], consts["BLOCK_D"])
+        self.launch = None
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(HQ, D, HK, adjoint, layout, config, device):
+    """The _Plan of a layout, cached: its key holds nothing that changes with S, so the
+    cache does not grow with the number of sizes (`device` keys the compiled kernel)."""
+    return _Plan(_constexprs(HQ, D, HK, adjoint, layout, config))
+
+
+def _launch(tensors, adjoint, config):
+    x_q = tensors[0]
     S, HQ, D = x_q.shape
     if S == 0:
         return
-    tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
+    if type(x_q) is not torch.Tensor:  # traced by torch.compile
+        _launch_traced(tensors, adjoint, config)
+        return
     # This key is most of the host time of a launch seen before: one pass, no generators.
     ptrs = [0 if t is None else t.data_ptr() for t in tensors]
-    layout = tuple([None if t is None else (t.stride(), t.dtype, p % 16 == 0) for t, p in zip(tensors, ptrs)])
-    plan = _plan(S, HQ, D, x_k.shape[1], adjoint, layout, tuple(config.items()), x_q.device.index)
-    kernel = plan.compiled
-    if kernel is None:
-        # Triton's path: compiles on first use. The interpreter returns no compiled kernel,
-        # so it always comes here.
-        plan.compiled = rotary_kernel[plan.grid](*_pointer_args(*tensors), S, **plan.consts)
+    layout = tuple([None if t is None else (_encode(t.stride(), S), t.dtype, p % 16 == 0)
+                    for t, p in zip(tensors, ptrs)])
+    device = x_q.device.index
+    plan = _plan(HQ, D, tensors[1].shape[1], adjoint, layout, tuple(config.items()), device)
+    grid = (triton.cdiv(S, plan.block_s), plan.n_d)
+    if plan.launch is not None:
+        # Addresses as ints: for a tensor the launcher would call data_ptr() again and ask
+        # the driver about the pointer (cuPointerGetAttribute), for each of the ten. Unused
+        # pointers are null: the kernel's constexpr flags compile their accesses away.
+        plan.launch(grid, device, (*ptrs, S, *plan.const_args))
         return
-    # The launcher takes addresses as ints: for a tensor it would call data_ptr() again and
-    # ask the driver about the pointer (cuPointerGetAttribute), for each of the ten. Unused
-    # pointers are null: the kernel's constexpr flags compile their accesses away.
-    stream = triton.runtime.driver.active.get_current_stream(x_q.device.index)
-    args = (*ptrs, S, *plan.const_args)
-    kernel.run(*plan.grid, 1, stream, kernel.function, kernel.packed_metadata,
-               kernel.launch_metadata(plan.grid, stream, *args),
-               knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+    # Triton's path: compiles on first use. The interpreter returns no compiled kernel,
+    # so it always comes here, as does every launch once _direct has failed.
+    kernel = rotary_kernel[grid](*_pointer_args(*tensors), S, **plan.consts)
+    if kernel is not None and _DIRECT["ok"]:
+        plan.launch = _direct(kernel)
 
 
-def launch_traced(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint, config):
-    """launch() for torch.compile's tracing (fake or functional tensors; head counts and
+def _encode_traced(strides, S):
+    """_encode for torch.compile's traced tensors, where S and the strides that grow with it
+    may be symbolic: such a stride is a*S, whose coefficient sympy reads off. None for a
+    symbolic stride of any other form."""
+    if isinstance(S, int) and all(isinstance(st, int) for st in strides):
+        return _encode(strides, S)
+    import sympy
+
+    out = [strides[0]] if isinstance(strides[0], int) else None
+    for st in strides[1:] if out is not None else ():
+        if isinstance(st, int):  # S is symbolic: an int stride does not depend on it
+            out.append(st)
+            continue
+        ratio = sympy.simplify(st.node.expr / S.node.expr)
+        if not (ratio.is_Integer and ratio > 0):
+            return None
+        out.append(-int(ratio))
+    return tuple(out) if out is not None else None
+
+
+def _launch_traced(tensors, adjoint, config):
+    """The launch for torch.compile's tracing (fake or functional tensors; head counts and
     head_dim ints, S may be symbolic): through torch.library.wrap_triton, so that inductor
     sees the kernel and launches it from its generated code, with no Python op left on the
     step's host path. Called with real tensors (a triton_op run eagerly), it is Triton's
-    own launch.
-
-    With S dynamic, S and the grid are symbolic and every constexpr must still be an int.
-    An input whose strides depend on S (the upstream gradient arrives transposed from the
-    attention: head stride S*D) is copied to contiguous strides, which depend only on the
-    head count and head_dim. Inductor writes that copy as one more kernel of its own: a
-    pass over a gradient costs far less than a Python op per call (NOTES.md). Outputs are
-    contiguous already."""
+    own launch. Strides are encoded as eager launches encode them, so the transposed
+    upstream gradient (head stride S*D) is read in place, S symbolic or not; an input with
+    a symbolic stride of another form is copied to contiguous strides first."""
     from torch.library import wrap_triton
 
+    x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1 = tensors
     S, HQ, D = x_q.shape
-    if S == 0:
-        return
     x_q, x_k, p_q, p_k, t0, t1 = (
-        t if t is None or all(isinstance(st, int) for st in t.stride()) else t.contiguous()
+        t if t is None or _encode_traced(t.stride(), S) is not None else t.contiguous()
         for t in (x_q, x_k, p_q, p_k, t0, t1))
     tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
     # No pointer alignment in the key: traced tensors have no address (inductor specializes).
-    layout = tuple(None if t is None else (t.stride(), t.dtype, None) for t in tensors)
+    layout = tuple(None if t is None else (_encode_traced(t.stride(), S), t.dtype, None) for t in tensors)
     consts = _constexprs(HQ, D, x_k.shape[1], adjoint, layout, tuple(config.items()))
-    wrap_triton(rotary_kernel)[_grid(S, D, config)](*_pointer_args(*tensors), S, **consts)
+    grid = (triton.cdiv(S, consts["BLOCK_S"]), triton.cdiv(D // 2, consts["BLOCK_D"]))
+    wrap_triton(rotary_kernel)[grid](*_pointer_args(*tensors), S, **consts)
+
+
+def launch_fwd(q, k, table, sin, q_out, k_out, *, config):
+    """q_out, k_out = q, k rotated by the table: angles when sin is None, else (cos, sin).
+    q [S, HQ, D], k [S, HK, D], table and sin [S, D]; any strides and float dtypes (math in
+    float32, each output stored in its own dtype). `config` holds BLOCK_S, BLOCK_D,
+    BLOCK_R, num_warps (see tuning.py). Runs on the current device."""
+    _launch((q, k, q_out, k_out, None, None, table, sin, None, None), False, config)
+
+
+def launch_bwd(gq, gk, table, sin, *, dq=None, dk=None, q=None, k=None, dtable=None, dsin=None, config):
+    """The backward: dq, dk (the adjoint rotation of the upstream gradients gq, gk) where
+    given; with q and k given, the table's gradient: into dtable (angles: grad embeddings;
+    cos/sin: grad cos) and dsin (grad sin). What is not given is neither read nor written."""
+    _launch((gq, gk, dq, dk, q, k, table, sin, dtable, dsin), True, config)

@@ -24,11 +24,21 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+BUCKET_TOPS = (256, 1024, 4096, 16384)  # S buckets: S <= each top, then "Sbig"
+BIG = 65536  # the S that stands for "Sbig" where a configuration is computed
+
+
 def s_bucket(S: int) -> str:
-    for top in (256, 1024, 4096, 16384):
+    for top in BUCKET_TOPS:
         if S <= top:
             return f"S{top}"
     return "Sbig"
+
+
+def bucket_size(bucket: str) -> int:
+    """The S a bucket's configuration is chosen for: its largest (Sbig: BIG). Every S of a
+    bucket gets the same configuration, so a new S compiles no new kernel."""
+    return BIG if bucket == "Sbig" else int(bucket[1:])
 
 
 def bucket(mode: str, S: int, R: int, D: int, elem_size: int) -> str:
@@ -81,12 +91,23 @@ def _device_props(device: torch.device):
 
 
 def config_for(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device: torch.device) -> dict:
-    """Full launch configuration (block sizes and warps) for one call."""
+    """Full launch configuration (block sizes and warps) for one call: the tuned one of its
+    bucket, else default_config at the bucket's size."""
+    return _bucket_config(mode, s_bucket(S), HQ, HK, D, elem_size, device)
+
+
+def _bucket_config(mode, s_bucket_, HQ, HK, D, elem_size, device):
     name, n_sm = _device_props(device)
     R = HQ + HK
-    return tuned_table(name).get(bucket(mode, S, R, D, elem_size)) or default_config(mode, S, R, D, elem_size, n_sm)
+    return (tuned_table(name).get(f"{mode}-D{D}-R{R}-b{elem_size}-{s_bucket_}")
+            or default_config(mode, bucket_size(s_bucket_), R, D, elem_size, n_sm))
 
 
-# config_for per call shape for the launch path, where its lookups are host time per call.
-# It is computed once per shape and process; tuned_table.cache_clear() does not reset it.
-cached_config = functools.lru_cache(maxsize=4096)(config_for)
+# _bucket_config per call shape for the launch path, where its lookups are host time per call;
+# keyed by bucket, not S, so that it does not grow with the number of sizes. It is computed
+# once per shape and process; tuned_table.cache_clear() does not reset it.
+_cached_bucket_config = functools.lru_cache(maxsize=4096)(_bucket_config)
+
+
+def cached_config(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device: torch.device) -> dict:
+    return _cached_bucket_config(mode, s_bucket(S), HQ, HK, D, elem_size, device)

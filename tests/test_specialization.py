@@ -1,0 +1,311 @@
+"""Compile once per layout: a call site compiles a bounded number of kernels, whatever the
+number of distinct sequence lengths S (training on images of many sizes sees a new S
+nearly every step).
+
+On the CPU, under Triton's interpreter, a recorder stands in for the kernel and records
+the specialization of every launch as Triton keys its compiled kernels: the constexprs
+and num_warps, and Triton's own specialization of each runtime argument (pointer dtype
+and 16-byte alignment, integer width and divisibility, unless the kernel opts out). For
+small S it also runs the real kernel in the interpreter, and the results are checked
+against float64. On a GPU, Triton's compile hook counts real compilations.
+"""
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from rope_bwd_triton import suite
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# 25 sizes: 1, odd, even, multiples of 16, each tuning bucket, past 65536; then 24 new ones
+# of the same classes, which must compile nothing new.
+SIZES = [1, 2, 3, 7, 16, 31, 64, 100, 127, 256, 257, 511, 512, 999, 1024, 1025, 2048, 3001, 4096, 4097,
+         8191, 16384, 16385, 65536, 70001]
+NEW_SIZES = [4, 5, 9, 33, 48, 200, 255, 300, 640, 777, 1000, 1008, 1500, 2047, 3333, 4095, 5000, 9216,
+             12345, 16383, 20000, 32768, 65537, 69999]
+RUN_UP_TO = 40  # sizes the interpreter also runs and checks (larger ones are only recorded)
+MAX_KERNELS = 8
+
+
+def _rotary_triton(kernel):
+    return importlib.import_module(f"{kernel.__name__}.rotary_triton")
+
+
+def _heads(layout, S, H, D, dtype, gen, run):
+    """q, k [S, H, D] in `layout`, and upstream gradients as the attention returns them."""
+    new = (lambda *s: torch.randn(*s, generator=gen).to(dtype)) if run else (lambda *s: torch.empty(*s, dtype=dtype))
+    if layout == "qkv":  # views of one qkv projection; sdpa's gradient [1, H, S, D] seen as [S, H, D]
+        q, k, _ = new(S, 3 * H * D).view(S, 3, H, D).unbind(1)
+        grads = [new(1, H, S, D).transpose(1, 2)[0] for _ in range(2)]
+    else:  # "contiguous": flash-attention's [S, H, D], gradients too
+        q, k = new(S, H, D), new(S, H, D)
+        grads = [new(S, H, D) for _ in range(2)]
+    return q, k, grads
+
+
+def _tables(tables, S, D, gen, run):
+    """cos, sin [S, D]: contiguous, or expanded from one row (stride 0 over tokens)."""
+    if tables == "expanded":
+        e = torch.randn(1, D, generator=gen).expand(S, D)
+    else:
+        e = torch.randn(S, D, generator=gen) if run else torch.empty(S, D)
+    return e, e.cos(), e.sin()
+
+
+class Recorder:
+    """Stands in for rotary_kernel: records each launch's compile key, runs the real
+    (interpreted) kernel when asked."""
+
+    def __init__(self, kernel):
+        from triton.backends.compiler import BaseBackend
+        from triton._C.libtriton import native_specialize_impl
+
+        self.kernel, self.run = kernel, False
+        self.keys = []
+        self.arg_names = names = kernel.arg_names
+        opt_out = set(kernel.kwargs.get("do_not_specialize") or ())
+        self._spec = lambda i, a: native_specialize_impl(BaseBackend, a, False, names[i] not in opt_out, True)
+
+    def __getitem__(self, grid):
+        def launch(*args, **consts):
+            runtime = tuple(self._spec(i, a) for i, a in enumerate(args))
+            self.keys.append((tuple(sorted(consts.items())), runtime))
+            if self.run:
+                self.kernel[grid](*args, **consts)
+        return launch
+
+
+def _call(kernel, mode, q, k, grads, e, cos, sin):
+    """One call of the public API in `mode`; its outputs."""
+    if mode == "fwd":
+        return kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    if mode == "rope_bwd":  # SOL-ExecBench's backward: angles, with their gradient
+        return kernel.rope_bwd(*grads, q, k, e)
+    leaves = [q.detach().requires_grad_(), k.detach().requires_grad_(),
+              cos.detach().requires_grad_(mode == "bwd"), sin.detach().requires_grad_(mode == "bwd")]
+    outs = kernel.apply_rotary_pos_emb_vision(*leaves)
+    want = leaves if mode == "bwd" else leaves[:2]
+    return torch.autograd.grad(outs, want, grads)
+
+
+def _check(mode, got, q, k, grads, e, cos, sin, dtype):
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    if mode == "rope_bwd":
+        refs = suite.reference_backward(*grads, q, k, e)
+    else:
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, cos, sin)]
+        outs = suite.reference_vision_forward(*leaves)
+        refs = outs if mode == "fwd" else torch.autograd.grad(outs, leaves, [g.double() for g in grads])
+    for g, r in zip(got, refs):
+        assert suite.rel_err(g, r) <= (2e-6 if g.dtype == torch.float32 else tol)
+
+
+CASES = [  # (layout, tables, mode, dtype, heads, head_dim)
+    *[("qkv", "contiguous", m, dt, 16, 72) for m in ("fwd", "bwd_qk", "bwd")
+      for dt in (torch.bfloat16, torch.float16, torch.float32)],
+    ("qkv", "contiguous", "bwd_qk", torch.bfloat16, 16, 80),
+    ("qkv", "expanded", "bwd_qk", torch.bfloat16, 16, 72),
+    ("contiguous", "contiguous", "bwd_qk", torch.bfloat16, 16, 72),
+    ("contiguous", "expanded", "fwd", torch.float16, 16, 80),
+    ("contiguous", "contiguous", "rope_bwd", torch.float32, 16, 128),
+    ("contiguous", "contiguous", "bwd", torch.float32, 16, 128),
+]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="records the Triton launches of CPU tensors: needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("layout,tables,mode,dtype,H,D", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{str(c[3])[6:]}-D{c[5]}" for c in CASES])
+def test_bounded_compilations(kernel, gen, monkeypatch, layout, tables, mode, dtype, H, D):
+    rt = _rotary_triton(kernel)
+    recorder = Recorder(rt.rotary_kernel)
+    monkeypatch.setattr(rt, "rotary_kernel", recorder)
+    seen = set()
+    for sizes in (SIZES, NEW_SIZES):
+        for S in sizes:
+            recorder.run = S <= RUN_UP_TO
+            q, k, grads = _heads(layout, S, H, D, dtype, gen, recorder.run)
+            e, cos, sin = _tables(tables, S, D, gen, recorder.run)
+            got = _call(kernel, mode, q, k, grads, e, cos, sin)
+            if recorder.run:
+                _check(mode, got, q, k, grads, e, cos, sin, dtype)
+        keys = set(recorder.keys)
+        if sizes is SIZES:
+            seen = keys
+            assert 1 <= len(keys) <= MAX_KERNELS, f"{len(keys)} kernels for {len(SIZES)} sizes"
+        else:
+            assert keys == seen, f"new sizes of seen classes compiled {len(keys - seen)} more kernels"
+    # Nothing about S is specialized: its only trace in a key is its integer width.
+    assert {runtime[10] for _, runtime in seen} == {("i32", None)}
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the launch path of CPU tensors: needs TRITON_INTERPRET=1")
+def test_plan_cache_does_not_grow_with_sizes(kernel, gen):
+    """The launch path's caches are keyed by layout and tuning bucket, not by S."""
+    rt = _rotary_triton(kernel)
+    tuning = importlib.import_module(f"{kernel.__name__}.tuning")
+    q, k, grads = _heads("qkv", 8, 2, 16, torch.float32, gen, True)
+    e, cos, sin = _tables("contiguous", 8, 16, gen, True)
+    _call(kernel, "bwd_qk", q, k, grads, e, cos, sin)
+    before = rt._plan.cache_info().currsize, tuning._cached_bucket_config.cache_info().currsize
+    for S in (9, 10, 11, 13, 17, 23, 29, 31):
+        q, k, grads = _heads("qkv", S, 2, 16, torch.float32, gen, True)
+        e, cos, sin = _tables("contiguous", S, 16, gen, True)
+        _check("bwd_qk", _call(kernel, "bwd_qk", q, k, grads, e, cos, sin), q, k, grads, e, cos, sin, torch.float32)
+    assert (rt._plan.cache_info().currsize, tuning._cached_bucket_config.cache_info().currsize) == before
+
+
+# ------------------------------------------------------------------------ GPU
+
+@pytest.fixture
+def rotary_compiles():
+    """Keys of the rotary_kernel compilations Triton makes while the test runs (its compile hook)."""
+    import triton
+
+    keys = []
+    saved = triton.knobs.runtime.jit_post_compile_hook
+
+    def hook(*, key, fn, **_):
+        if fn.name == "rotary_kernel":
+            keys.append(str(key))
+
+    triton.knobs.runtime.jit_post_compile_hook = hook
+    yield keys
+    triton.knobs.runtime.jit_post_compile_hook = saved
+
+
+def _attention_step(kernel, x, cos, sin, H, D, seen):
+    """The vision attention's pattern on one packed qkv projection: q/k views rotated, then
+    sdpa, whose backward hands the rotary its gradient as [1, H, S, D] seen as [S, H, D]
+    (`seen` gets those gradients)."""
+    S = x.shape[0]
+    q, k, v = x.view(S, 3, H, D).unbind(1)
+    q, k = kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    for name, t in (("q", q), ("k", k)):
+        t.register_hook(lambda g, name=name: seen.__setitem__(name, g))
+    return torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)))
+
+
+@pytest.mark.gpu
+def test_sdpa_layout_compiles_once_per_bucket_gpu(kernel, gen, rotary_compiles):
+    """Forward and backward of the real call over 49 sizes: Triton compiles the kernels of the
+    first size of each tuning bucket, and nothing for the 24 new sizes after them; the
+    gradients of q and k match float64 at every size."""
+    H, D = 16, 72
+    for sizes in (SIZES, NEW_SIZES):
+        before = len(rotary_compiles)
+        for S in sizes:
+            x = torch.randn(S, 3 * H * D, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+            e = torch.randn(S, D // 2, generator=gen).repeat(1, 2).cuda()
+            cos, sin = e.cos(), e.sin()
+            seen = {}
+            out = _attention_step(kernel, x, cos, sin, H, D, seen)
+            (dx,) = torch.autograd.grad(out, x, torch.randn(out.shape, generator=gen).to("cuda", torch.bfloat16))
+            assert seen["q"].stride() == (D, S * D, 1) or S == 1, "not sdpa's gradient layout"
+            rows = torch.randint(S, (256,), generator=gen).cuda()
+            q, k, _ = x.detach().view(S, 3, H, D).unbind(1)
+            leaves = [t[rows].double().requires_grad_() for t in (q, k)]
+            outs = suite.reference_vision_forward(*leaves, cos[rows].double(), sin[rows].double())
+            refs = torch.autograd.grad(outs, leaves, [seen[n][rows].double() for n in "qk"])
+            for got, ref in zip(dx.view(S, 3, H, D).unbind(1), refs):
+                assert suite.rel_err(got[rows], ref) <= 1e-2
+        if sizes is SIZES:
+            assert 2 <= len(rotary_compiles) <= 2 * MAX_KERNELS  # forward and backward kernels
+        else:
+            assert len(rotary_compiles) == before, "a new size of a seen class compiled a kernel"
+
+
+# -------------------------------------------------------------- torch.compile
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compile_dynamic_new_sizes_recompile_nothing(kernel, gen, device, rotary_compiles_if_cuda):
+    """torch.compile(dynamic=True) of the attention's rotary and sdpa, forward and backward, over
+    6 sizes of one tuning bucket: one dynamo frame, no Triton compilation after the first size,
+    the results of eager."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.compiler.reset()
+    H, D = 2, 8
+    module = torch.nn.Linear(16, 3 * H * D).to(device)
+
+    def fn(h, cos, sin):
+        x = module(h)
+        q, k, v = x.view(x.shape[0], 3, H, D).unbind(1)
+        q, k = kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
+        return torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)))
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(fn, backend=counter, fullgraph=True, dynamic=True)
+    for i, S in enumerate((300, 301, 512, 777, 1000, 1024)):
+        h = torch.randn(S, 16, generator=gen).to(device).requires_grad_()
+        e = torch.randn(S, D, generator=gen).to(device)
+        w = torch.randn(1, H, S, D, generator=gen).to(device)
+        results = []
+        for f in (fn, compiled):
+            out = f(h, e.cos(), e.sin())
+            results.append([out, *torch.autograd.grad(out, [h, *module.parameters()], w)])
+        for got, want in zip(*results):
+            assert suite.rel_err(got, want) <= 1e-5
+        if i == 0:
+            first = len(rotary_compiles_if_cuda)
+    assert counter.frame_count == 1
+    assert len(rotary_compiles_if_cuda) == first, "a new size compiled a kernel"
+
+
+@pytest.fixture
+def rotary_compiles_if_cuda(request):
+    if not torch.cuda.is_available():
+        yield []
+        return
+    yield request.getfixturevalue("rotary_compiles")
+
+
+@pytest.mark.gpu
+def test_compile_reads_sdpa_gradient_in_place_gpu(kernel, gen, rotary_compiles):
+    """S dynamic, heads static: the compiled backward launches the kernel itself, on sdpa's
+    transposed gradient in place (no copy to contiguous in the graph), and a new S neither
+    retraces nor compiles a kernel."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.compiler.reset()
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return boxed_nop(gm, example_inputs)
+
+    counter = CompileCounterWithBackend(aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    H, D = 16, 72
+
+    def fn(x, cos, sin):
+        return _attention_step(kernel, x, cos, sin, H, D, {})
+
+    compiled = torch.compile(fn, backend=counter, fullgraph=True)
+    for i, S in enumerate((1100, 1500, 2048, 3001, 4000)):
+        x = torch.randn(S, 3 * H * D, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+        e = torch.randn(S, D, generator=gen).cuda()
+        w = torch.randn(1, H, S, D, generator=gen).to("cuda", torch.bfloat16)
+        for t in (x, e):
+            torch._dynamo.mark_dynamic(t, 0)
+        results = []
+        for f in (fn, compiled):
+            out = f(x, e.cos(), e.sin())
+            results.append((out, *torch.autograd.grad(out, x, w)))
+        for got, want in zip(*results):
+            assert suite.rel_err(got, want) <= 1e-6
+        if i == 0:
+            first = len(rotary_compiles)
+    assert counter.frame_count == 1
+    assert len(rotary_compiles) == first, "a new size compiled a kernel"
+    wrapper = torch.ops.higher_order.triton_kernel_wrapper_functional
+    calls = [n for g in graphs for n in g.graph.nodes if n.target is wrapper]
+    assert calls, "the compiled graphs do not launch rotary_kernel"
+    for node in calls:
+        for name in ("X_q", "X_k"):
+            src = node.kwargs["kwargs"][name]
+            assert "clone" not in str(getattr(src, "target", "")), f"{name} is copied before the kernel"
