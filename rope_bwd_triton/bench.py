@@ -344,7 +344,7 @@ def measure(args) -> dict:
     import torch
     from tqdm import tqdm
 
-    from .load import load_kernel
+    from .load import load_kernel, load_other
     from .timing import ColdL2Timer, copy_bandwidth, flush_check
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -353,6 +353,10 @@ def measure(args) -> dict:
     copy = copy_bandwidth(timer, args.copy_mib << 20)
     peers = set(args.peers)
     impls = [i for i in IMPLS if i.peer is None or i.peer in peers]
+    if args.ab:  # the same calls of another build, in this process
+        other = load_other(args.ab)
+        impls += [Impl("ab_" + i.name, f"A/B {other.__name__}: {i.label}", i.task, None,
+                       lambda _, x, make=i.make: make(other, x)) for i in impls if i.peer is None]
     workloads = _workloads(args)
     meta = run_meta(kernel, timer, args.calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
     measured = []
@@ -594,6 +598,7 @@ def add_arguments(parser):
     parser.add_argument("--verify-tokens", type=int, default=4096, help="token rows verified per workload")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", help="default: cuda if available, else cpu")
+    parser.add_argument("--ab", type=Path, help="also time another build of ours: a checkout with build/")
     parser.add_argument("--json", type=Path, default=out / "bench.json")
     parser.add_argument("--markdown", type=Path, default=out / "bench.md")
     parser.add_argument("--plot", type=Path, default=out / "bench.png")

@@ -22,6 +22,7 @@ chrome trace and a kernel summary (time, launches, rotary kernels) per variant.
 The model factory here is shared with the parity tests (tests/test_kernelize.py).
 """
 
+import argparse
 import copy
 import importlib
 import json
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from . import REPO_ROOT
+from . import REPO_ROOT, varres
 
 # family -> (configuration class, vision model class), in transformers.models.<family>
 FAMILIES = {
@@ -45,13 +46,17 @@ QUICK_OMNI = dict(hidden_size=32, num_heads=2, intermediate_size=64, depth=2, pa
                   num_position_embeddings=16, deepstack_visual_indexes=[0], out_hidden_size=48)
 
 
+def modeling_module(family: str):
+    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+
+
 def make_vision_model(family: str, *, dtype=torch.float32, device="cpu", seed=0, **config):
     """A random-init vision model of `family`; `config` overrides the configuration's
     defaults (which are the released models' values where transformers has them)."""
     cfg_name, model_name = FAMILIES[family]
     cfg = getattr(importlib.import_module(f"transformers.models.{family}.configuration_{family}"), cfg_name)(**config)
     cfg._attn_implementation = "sdpa"
-    model_cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), model_name)
+    model_cls = getattr(modeling_module(family), model_name)
     torch.manual_seed(seed)
     return model_cls(cfg).to(device=device, dtype=dtype)
 
@@ -210,7 +215,7 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
 
     rope = kernels.get_kernel(repo_id, version=1, trust_remote_code=True)
     family = "qwen3_omni_moe"
-    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    modeling = modeling_module(family)
     original = modeling.apply_rotary_pos_emb_vision
     eager = make_vision_model(family, dtype=dtype, device=device, **model_config)
     mode = kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE if compile else kernels.Mode.TRAINING
@@ -355,20 +360,41 @@ def add_arguments(parser):
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for e2e.json and e2e.md")
     parser.add_argument("--from-json", type=Path, metavar="E2E_JSON",
                         help="print the tables of a saved e2e.json (no run)")
+    parser.add_argument("--varres", action="store_true",
+                        help="training on images of varying resolution: each variant in a fresh process, "
+                             "one step per image over --varres-sides, two passes (varres.py)")
+    parser.add_argument("--varres-sides", type=int, nargs="+", default=list(varres.SIDES),
+                        help="image sides in patches for --varres")
+    parser.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=list(varres.VARIANTS),
+                        help=f"variants for --varres, of {','.join(varres.VARIANTS)}")
+    parser.add_argument("--depth", type=int, default=4, help="encoder depth for --varres")
+    parser.add_argument("--varres-child", help=argparse.SUPPRESS)  # the parent's call of each fresh process
+    parser.add_argument("--varres-result", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true",
                         help="tiny encoder, 64 tokens, 1 warm-up, 2 rounds of 2 steps, on CPU without a GPU: "
                              "exercises the code path only")
 
 
 def main(args) -> int:
+    if args.varres_child:
+        config = QUICK_OMNI if args.quick else {**REAL_OMNI, "depth": args.depth}
+        result = varres.child(args.varres_child, args.varres_sides, args.repo_id or _repo_id(), config)
+        args.varres_result.write_text(json.dumps(result))
+        return 0
+    if args.varres:
+        args.out.mkdir(parents=True, exist_ok=True)
+        report = varres.run(args)
+        md = varres.markdown(report)
+        (args.out / "e2e-varres.json").write_text(json.dumps(report, indent=1) + "\n")
+        (args.out / "e2e-varres.md").write_text(md)
+        print(md)
+        return 1 if any("error" in r for r in report["runs"]) else 0
     if args.from_json:  # printing a saved run needs none of the imports below
         saved = json.loads(args.from_json.read_text())
         print(markdown({k: v for k, v in saved.items() if k != "meta"}, saved["meta"]))
         return 0
     import transformers
     import triton
-
-    from .build import repo_id
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
@@ -378,7 +404,7 @@ def main(args) -> int:
         config, tokens, warmup, iters, rounds = REAL_OMNI, args.tokens, args.warmup, args.iters, args.rounds
     if rounds < 1 or iters < rounds or iters % rounds:
         raise SystemExit(f"--iters ({iters}) must be a positive multiple of --rounds ({rounds})")
-    args.repo_id = args.repo_id or repo_id()
+    args.repo_id = args.repo_id or _repo_id()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.compile and warmup < 1:
         raise SystemExit("--compile needs at least one warm-up step: it compiles each variant")
@@ -402,3 +428,9 @@ def main(args) -> int:
     (args.out / "e2e.md").write_text(md)
     print(f"wrote {args.out / 'e2e.json'} and {args.out / 'e2e.md'}")
     return 0
+
+
+def _repo_id():
+    from .build import repo_id
+
+    return repo_id()

@@ -21,3 +21,13 @@ def load_kernel(build: bool = True):
 def submodule(kernel, name: str):
     """A module of the loaded variant that its __init__ does not import (e.g. rotary_triton)."""
     return importlib.import_module(f"{kernel.__name__}.{name}")
+
+
+def load_other(path):
+    """Another build of the kernel, from a checkout whose build/ holds its variants (for A/B
+    runs in one process: each build has its own ops namespace)."""
+    from pathlib import Path
+
+    import kernels
+
+    return kernels.get_local_kernel(Path(path), trust_remote_code=True)

@@ -14,7 +14,7 @@
 #          (E2E_ARGS, default --rounds 10 --iters 50 --profile: traces under $OUT)
 #   demo   the main job
 #   kbench `kernels benchmark` over benchmarks/benchmark.py
-#   host   host time per call of the launch path (benchmarks/host_overhead.py)
+#   host   host time per call of the launch path (python -m rope_bwd_triton host)
 #   copybound  ours against the best plain Triton copy of each task's bytes on the suite
 #          (benchmarks/copy_bound.py)
 #   ncu    hardware counters of our kernel and of a streaming kernel over the same bytes
@@ -40,7 +40,7 @@ for stage in "$@"; do
            HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e ${E2E_ARGS:---rounds 10 --iters 50 --profile} --out "$OUT" ;;
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
-    host)  python3 benchmarks/host_overhead.py | tee "$OUT/host.txt" ;;
+    host)  python3 -m rope_bwd_triton host | tee "$OUT/host.txt" ;;
     copybound) python3 benchmarks/copy_bound.py --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
            ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 benchmarks/ncu_profile.py metrics)" \

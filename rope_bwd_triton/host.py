@@ -1,20 +1,17 @@
-"""Host (CPU) time per call of each layer of the rotary launch path, against transformers'
-eager function and an identity, on a small CUDA problem (where host time, not the GPU,
-sets the pace). Run: `python benchmarks/host_overhead.py` (h200.sh stage `host`).
+"""`python -m rope_bwd_triton host`: host (CPU) time per call of each layer of the rotary
+launch path, against transformers' eager function and an identity, on a small CUDA problem
+(where host time, not the GPU, sets the pace); and what a never-seen S costs.
 Figures are microseconds per call over passes of 200 calls (the GPU synchronized only between
 passes): the median and the best pass. The rows take turns, one pass each per round, for 15
 rounds, so that a noisy stretch of the host (it varies by 2x within minutes on the H200
 machine) lands on every row rather than on whichever row ran then."""
 
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rope_bwd_triton.load import load_kernel, submodule  # noqa: E402
+from .load import load_kernel, submodule
 
 
 def per_call_us(rows, n=200, rounds=15):
@@ -46,7 +43,27 @@ class _Times1(torch.autograd.Function):
         return gq * 1, gk * 1, None, None
 
 
-def main():
+def new_size_us(fn, make, sizes):
+    """Host us per forward + backward of `fn` at sizes never seen before (inputs made ahead,
+    S of one tuning bucket) and at one size over and over: (new, seen)."""
+    inputs = [make(S) for S in sizes]
+    seen = [make(sizes[0])] * len(sizes)
+    out = []
+    for batch in (inputs, seen):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for q, k, cos, sin, gq, gk in batch:
+            torch.autograd.grad(fn(q, k, cos, sin), (q, k), (gq, gk))
+        out.append((time.perf_counter() - t0) / len(batch) * 1e6)
+        torch.cuda.synchronize()
+    return out
+
+
+def add_arguments(parser):
+    pass
+
+
+def main(args=None):
     import triton
     from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as modeling
 
@@ -61,7 +78,7 @@ def main():
     cfg = tuning.config_for("fwd", S, H, H, D, 2, q.device)
 
     def launch():
-        rt.launch(q, k, q_out, k_out, None, None, cos, sin, None, None, adjoint=False, config=cfg)
+        rt.launch_fwd(q, k, cos, sin, q_out, k_out, config=cfg)
 
     def launch_uncached():
         rt._plan.cache_clear()
@@ -69,10 +86,11 @@ def main():
 
     leaves = [t.detach().clone().requires_grad_() for t in (q, k)]
     grad = torch.randn_like(q)
+    grad_sdpa = torch.randn(H, S, D, device="cuda", dtype=q.dtype).transpose(0, 1)  # as sdpa returns it
 
-    def fwd_bwd(fn):
+    def fwd_bwd(fn, g=grad):
         def step():
-            torch.autograd.backward(fn(*leaves, cos, sin), (grad, grad))
+            torch.autograd.backward(fn(*leaves, cos, sin), (g, g))
         return step
 
     def fwd_bwd_dynamic(fn):
@@ -98,6 +116,8 @@ def main():
         "apply_rotary_pos_emb_vision (eager path), no grad": lambda: rope.apply_rotary_pos_emb_vision(q, k, cos, sin),
         "transformers apply_rotary_pos_emb_vision, no grad": lambda: modeling.apply_rotary_pos_emb_vision(q, k, cos, sin),
         "ours forward + backward (eager path)": fwd_bwd(rope.apply_rotary_pos_emb_vision),
+        "ours forward + backward (eager path), sdpa's gradient layout": fwd_bwd(rope.apply_rotary_pos_emb_vision,
+                                                                               grad_sdpa),
         "ours forward + backward (custom op autograd, as traced)": fwd_bwd(ops.rotary_fwd),
         "transformers forward + backward": fwd_bwd(modeling.apply_rotary_pos_emb_vision),
         "ours forward + backward, torch.compile'd": fwd_bwd(torch.compile(rope.apply_rotary_pos_emb_vision)),
@@ -116,6 +136,15 @@ def main():
     for name, (median, best) in per_call_us(rows).items():
         print(f"{median:8.1f} {best:7.1f}  {name}")
 
+    def make(n):
+        x = torch.randn(n, 3, H, D, device="cuda", dtype=torch.bfloat16)
+        e = torch.randn(n, D, device="cuda")
+        g = torch.randn(2, H, n, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        return x[:, 0].requires_grad_(), x[:, 1].requires_grad_(), e.cos(), e.sin(), g[0], g[1]
 
-if __name__ == "__main__":
-    main()
+    print("host us per forward + backward (sdpa's gradient layout), 400 sizes never seen (S = 300..699) "
+          "against one size 400 times:")
+    for name, fn in (("ours", rope.apply_rotary_pos_emb_vision), ("transformers", modeling.apply_rotary_pos_emb_vision)):
+        new, seen = new_size_us(fn, make, range(300, 700))
+        print(f"{new:8.1f} {seen:7.1f}  {name}: new S, seen S")
+

@@ -1,0 +1,183 @@
+"""`python -m rope_bwd_triton coldstart`: what the first calls cost, as a new training run sees them.
+
+Each implementation runs in a fresh process with empty Triton and inductor caches (new
+TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR): the real call (realcall.py: bf16, q/k views of
+one qkv, sdpa's gradient layout) forward + backward at a first S, then at each of a list of
+new sizes, then at a size seen before, each timed from the host until the GPU is done.
+Loading (imports, get_kernel) is timed apart. For ours the child also records each Triton
+compilation of rotary_kernel (its key and time, through Triton's compile hooks), and with
+--profile a cProfile of the first call.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import REPO_ROOT
+
+IMPLS = ("ours", "liger", "compile", "transformers")
+# A first size, then images of other sizes (square grids of 14-pixel patches), across tuning buckets.
+SIZES = (1024, 1600, 2304, 3136, 4096, 5184, 784, 6400, 9216, 196, 2500, 3600, 13456)
+
+
+def _load(impl):
+    if impl == "ours":
+        from .load import load_kernel
+
+        return load_kernel(build=False).apply_rotary_pos_emb_vision
+    if impl == "liger":
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb_vision
+
+        return liger_rotary_pos_emb_vision
+    from .realcall import _transformers_fn
+
+    if impl == "compile":
+        import torch
+
+        return torch.compile(_transformers_fn())
+    return _transformers_fn()
+
+
+def _compile_log():
+    """Triton's compile hooks: [(key, seconds)] of every rotary_kernel compilation."""
+    import triton
+
+    log, started = [], {}
+
+    def before(*, key, fn, **_):
+        started[str(key)] = time.perf_counter()
+        return False
+
+    def after(*, key, fn, **_):
+        if fn.name == "rotary_kernel":
+            log.append((str(key), time.perf_counter() - started.pop(str(key), time.perf_counter())))
+
+    triton.knobs.runtime.jit_cache_hook = before
+    triton.knobs.runtime.jit_post_compile_hook = after
+    return log
+
+
+def child(impl, sizes, heads, head_dim, profile_path=None) -> dict:
+    """Runs in the fresh process: {load_s, calls: [{S, ms, new, compiles}]}."""
+    import torch
+
+    from .realcall import FwdBwd, make_inputs
+
+    t0 = time.perf_counter()
+    fn = _load(impl)
+    load_s = time.perf_counter() - t0
+    log = _compile_log() if impl == "ours" else None
+    gen = torch.Generator().manual_seed(0)
+    calls, seen = [], set()
+    for i, S in enumerate([*sizes, sizes[-1]]):
+        call = FwdBwd(fn, make_inputs(S, heads, head_dim, torch.bfloat16, "sdpa", "cuda", gen))
+        torch.cuda.synchronize()
+        before = len(log) if log is not None else 0
+        if i == 0 and profile_path:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            t = time.perf_counter()
+            prof.runcall(call)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t) * 1e3
+            with open(profile_path, "w") as f:
+                pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)
+        else:
+            t = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t) * 1e3
+        calls.append({"S": S, "ms": ms, "new": S not in seen,
+                      "compiles": log[before:] if log is not None else None})
+        seen.add(S)
+    return {"impl": impl, "load_s": load_s, "calls": calls}
+
+
+def run_fresh(impl, args, workdir: Path) -> dict:
+    """The child in a new process with empty Triton and inductor caches."""
+    result = workdir / f"{impl}.json"
+    env = dict(os.environ, TRITON_CACHE_DIR=str(workdir / f"triton-{impl}"),
+               TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{impl}"))
+    cmd = [sys.executable, "-m", "rope_bwd_triton", "coldstart", "--child", impl, "--result", str(result),
+           "--sizes", *map(str, args.sizes), "--heads", str(args.heads), "--head-dim", str(args.head_dim)]
+    if args.profile and impl == "ours":
+        cmd += ["--profile-to", str(args.json.with_suffix(".profile.txt"))]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        return {"impl": impl, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else f"exit {proc.returncode}"}
+    return json.loads(result.read_text())
+
+
+def markdown(runs, meta) -> str:
+    from .bench import _table
+
+    rows = []
+    for r in runs:
+        if "error" in r:
+            rows.append([r["impl"], "—", "—", "—", "—", "—", r["error"]])
+            continue
+        first, *rest = r["calls"]
+        new = [c["ms"] for c in rest if c["new"]]
+        again = [c["ms"] for c in rest if not c["new"]]
+        compiles = [len(c["compiles"]) for c in r["calls"]] if r["calls"][0]["compiles"] is not None else None
+        rows.append([r["impl"], f"{r['load_s'] * 1e3:.0f}", f"{first['ms']:.0f}",
+                     f"{statistics.median(new):.1f} ({min(new):.1f}-{max(new):.1f})", f"{again[-1]:.2f}",
+                     "—" if compiles is None else f"{compiles[0]} then {sum(compiles[1:])}", ""])
+    head = (f"First calls of the real call (bf16, {meta['heads']} heads x {meta['head_dim']}, sdpa's gradient "
+            f"layout), each implementation in a fresh process with empty Triton/inductor caches; {meta['gpu']}, "
+            f"torch {meta['torch']}, triton {meta['triton']}; {meta['date']}. New sizes after the first: "
+            f"{', '.join(map(str, meta['sizes'][1:]))}.")
+    return head + "\n\n" + _table(
+        ["implementation", "load ms", "first fwd+bwd ms", "each new size ms: median (range)", "a seen size ms",
+         "rotary_kernel compilations: first call, then", "note"], rows) + "\n"
+
+
+def add_arguments(parser):
+    parser.add_argument("--impls", type=lambda s: [p for p in s.split(",") if p], default=list(IMPLS))
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, default=72)
+    parser.add_argument("--profile", action="store_true", help="cProfile of ours' first call (<json>.profile.txt)")
+    parser.add_argument("--json", type=Path, default=REPO_ROOT / "results" / "coldstart.json")
+    # The parent's arguments to each fresh child process:
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-to", type=Path, help=argparse.SUPPRESS)
+
+
+def main(args) -> int:
+    if args.child:
+        Path(args.result).write_text(json.dumps(child(args.child, args.sizes, args.heads, args.head_dim,
+                                                      args.profile_to)))
+        return 0
+    from datetime import datetime, timezone
+
+    import torch
+    import triton
+
+    from .build import build_variants, repo_id
+
+    if not torch.cuda.is_available():
+        raise SystemExit("coldstart: needs a CUDA GPU (it times Triton compilations and GPU calls)")
+    build_variants()
+    os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [run_fresh(impl, args, Path(tmp)) for impl in args.impls]
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "sizes": args.sizes,
+            "heads": args.heads, "head_dim": args.head_dim,
+            "command": "python -m rope_bwd_triton coldstart " + " ".join(sys.argv[2:])}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
+    text = markdown(runs, meta)
+    args.json.with_suffix(".md").write_text(text)
+    print(text)
+    return 1 if any("error" in r for r in runs) else 0

@@ -1,0 +1,132 @@
+"""`python -m rope_bwd_triton e2e --varres`: training on images of varying resolution.
+
+Each variant of the rotary runs in a fresh process with empty Triton and inductor caches,
+as a new training run starts: a random-init Qwen3-Omni vision encoder (e2e.py's model)
+takes one training step (forward + backward) per image over a list of image sizes, twice.
+The first pass pays every compilation a variant needs; the second shows the steady state.
+Wall time per step, until the device is done.
+
+Variants: eager (transformers), identity (the rotary replaced by (q, k) -> (q, k): the
+bound), liger (Liger-Kernel's vision rotary), kernelized (ours, through kernelize),
+compiled (the eager model under torch.compile, which goes dynamic after its first
+recompilation).
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import REPO_ROOT
+
+VARIANTS = ("eager", "identity", "liger", "kernelized", "compiled")
+# Sides in patches (multiples of the spatial merge 2): 400 to 5184 tokens, in no order.
+SIDES = (32, 48, 24, 64, 40, 56, 28, 72, 36, 20)
+
+
+def _install(variant, model, repo_id, device):
+    """Puts `variant`'s rotary into the model (or compiles it); returns the model to step."""
+    import kernels
+
+    from . import e2e
+
+    modeling = e2e.modeling_module("qwen3_omni_moe")
+    if variant == "identity":
+        modeling.apply_rotary_pos_emb_vision = e2e._identity_rotary
+    elif variant == "liger":
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb_vision
+
+        modeling.apply_rotary_pos_emb_vision = liger_rotary_pos_emb_vision
+    elif variant == "kernelized":
+        rope = kernels.get_kernel(repo_id, version=1, trust_remote_code=True)
+        rope.integrations.kernelize_vision_rotary(model, mode=kernels.Mode.TRAINING, device=device, repo_id=repo_id)
+    elif variant == "compiled":
+        from .peers import raise_recompile_limit
+
+        raise_recompile_limit()
+        model.compile()
+    return model
+
+
+def child(variant, sides, repo_id, config) -> dict:
+    """In the fresh process: {"passes": [[step ms per image], [...]], "tokens": [...]}. On a
+    machine without CUDA it runs on the CPU (a code-path check: the times mean nothing)."""
+    import torch
+
+    from . import e2e
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = e2e.make_vision_model("qwen3_omni_moe", dtype=torch.bfloat16, device=device, **config)
+    model = _install(variant, model, repo_id, device)
+    images = [e2e.make_images(model, [[1, s, s]], seed=i) for i, s in enumerate(sides)]
+    passes = []
+    for _ in range(2):
+        times = []
+        for pixels, grid in images:
+            model.zero_grad(set_to_none=True)
+            e2e._sync(pixels.device)
+            t0 = time.perf_counter()
+            e2e.step(model, pixels, grid)[1].backward()
+            e2e._sync(pixels.device)
+            times.append((time.perf_counter() - t0) * 1e3)
+        passes.append(times)
+    return {"variant": variant, "passes": passes, "tokens": [s * s for s in sides]}
+
+
+def run(args) -> dict:
+    """Every variant in its own fresh process; {"meta", "runs"}."""
+    from datetime import datetime, timezone
+
+    import torch
+    import transformers
+    import triton
+
+    from . import e2e
+
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in args.variants:
+            result = Path(tmp) / f"{variant}.json"
+            env = dict(os.environ, TRITON_CACHE_DIR=f"{tmp}/triton-{variant}",
+                       TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor-{variant}")
+            cmd = [sys.executable, "-m", "rope_bwd_triton", "e2e", "--varres-child", variant, "--varres-result",
+                   str(result), "--varres-sides", *map(str, args.varres_sides), "--depth", str(args.depth)]
+            if args.quick:
+                cmd.append("--quick")
+            if args.repo_id:
+                cmd += ["--repo-id", args.repo_id]
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                runs.append({"variant": variant, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]})
+            else:
+                runs.append(json.loads(result.read_text()))
+    config = e2e.QUICK_OMNI if args.quick else {**e2e.REAL_OMNI, "depth": args.depth}
+    meta = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (code-path check only)", "torch": torch.__version__, "triton": triton.__version__,
+            "transformers": transformers.__version__, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "model": ", ".join(f"{k} {v}" for k, v in config.items()) + ", bf16, sdpa, one image per step",
+            "command": "python -m rope_bwd_triton " + " ".join(sys.argv[1:])}
+    return {"meta": meta, "runs": runs}
+
+
+def markdown(report) -> str:
+    from .bench import _table
+
+    meta = report["meta"]
+    rows = []
+    for r in report["runs"]:
+        if "error" in r:
+            rows.append([r["variant"], "—", "—", "—", r["error"]])
+            continue
+        first, second = (sum(p) for p in r["passes"])
+        rows.append([r["variant"], f"{first:.0f}", f"{second:.0f}", f"{statistics.median(r['passes'][1]):.1f}", ""])
+    tokens = next((r["tokens"] for r in report["runs"] if "tokens" in r), [])
+    return (f"Training on images of varying resolution: Qwen3-Omni vision encoder ({meta['model']}); one "
+            f"forward + backward per image, {len(tokens)} images of {', '.join(map(str, tokens))} tokens, two passes; "
+            f"each variant in a fresh process with empty Triton/inductor caches; wall time until the GPU is done. "
+            f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}; "
+            f"{meta['date']}. Command: `{meta['command']}`\n\n"
+            + _table(["variant", "first pass ms", "second pass ms", "second pass, median step ms", "note"], rows) + "\n")
