@@ -305,3 +305,58 @@ def test_direct_launch_gpu(kernel, dtype, mode, gen, monkeypatch):
     monkeypatch.setattr(rt.triton.knobs.runtime, "launch_enter_hook", lambda meta: hooked.append(meta.get()["name"]))
     check(0)
     assert len(triton_runs) == 2 and hooked == ["rotary_kernel"]
+
+
+@pytest.fixture
+def direct_launch_state(kernel, monkeypatch):
+    """rotary_triton with its direct-launch state restored after the test."""
+    rt = submodule(kernel, "rotary_triton")
+    monkeypatch.setitem(rt._DIRECT, "ok", True)
+    rt._plan.cache_clear()
+    yield rt
+    rt._plan.cache_clear()
+
+
+def test_direct_launch_needs_triton_internals(direct_launch_state, monkeypatch):
+    """A Triton without the internals the direct launch uses (here: no triton.knobs) gets no
+    direct launcher, one warning, and every later launch through rotary_kernel[grid]."""
+    rt = direct_launch_state
+    monkeypatch.delattr(rt.triton, "knobs")
+    stand_in = type("Compiled", (), {"run": None, "function": None, "packed_metadata": None,
+                                     "launch_metadata": None})()
+    with pytest.warns(RuntimeWarning, match="does not take the direct launch"):
+        assert rt._direct(stand_in) is None
+    assert rt._DIRECT["ok"] is False
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rt._direct(stand_in) is None  # warned once
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("broken", ["no knobs", "launcher signature"])
+def test_direct_launch_falls_back_gpu(direct_launch_state, gen, monkeypatch, broken):
+    """When the direct launch's assumptions fail (an internal missing, or a launcher that takes
+    other arguments), launches go through Triton's kernel[grid] with one warning, and every
+    result is right."""
+    rt = direct_launch_state
+    if broken == "no knobs":
+        monkeypatch.delattr(rt.triton, "knobs")
+    else:
+        def changed(kernel):
+            def launch(grid, device, args):
+                raise TypeError("function takes 12 positional arguments")
+            return launch
+        monkeypatch.setattr(rt, "_direct", changed)
+    triton_runs = []
+    run = rt.rotary_kernel.run
+    monkeypatch.setattr(rt.rotary_kernel, "run", lambda *a, **kw: triton_runs.append(1) or run(*a, **kw))
+    S, H, D = 40, 4, 72
+    cfg = dict(BLOCK_S=1, BLOCK_D=32, BLOCK_R=8, num_warps=1)
+    with pytest.warns(RuntimeWarning, match="does not take the direct launch"):
+        for _ in range(4):
+            gq, gk, q, k, e = _inputs(S, H, D, torch.bfloat16, "cuda", gen)
+            _launch_and_check(rt, "bwd_qk", cfg, gq, gk, q, k, e)
+    assert rt._DIRECT["ok"] is False
+    assert len(triton_runs) == 4, "a launch after the failure did not go through rotary_kernel[grid]"

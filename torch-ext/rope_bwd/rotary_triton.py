@@ -267,16 +267,14 @@ def _pointer_args(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1):
     )
 
 
-_DIRECT = {"ok": True}  # False once this Triton's compiled kernels lack what _direct needs
+_DIRECT = {"ok": True}  # False once this Triton's compiled kernels do not take the direct launch
 
 
 def _direct(kernel):
-    """A launcher (grid, stream, args) that calls Triton's compiled `kernel` as
+    """A launcher (grid, device, args) that calls Triton's compiled `kernel` as
     JITFunction.run does after binding and specializing the arguments, which costs more
     host time than the kernel takes at small S (a training step at a few thousand tokens
-    waits on host time). These are Triton internals: when this Triton's compiled kernel or
-    knobs lack them, None, with a warning once, and every launch goes through
-    `rotary_kernel[grid]`."""
+    waits on host time). These are Triton internals: None when this Triton lacks them."""
     try:
         run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
         launch_metadata, runtime = kernel.launch_metadata, triton.knobs.runtime
@@ -295,12 +293,13 @@ def _direct(kernel):
 
 
 def _fall_back(error):
+    """Every launch through rotary_kernel[grid] from now on, with a warning once."""
     if _DIRECT["ok"]:
         import warnings
 
         warnings.warn(f"rope_bwd: this Triton ({triton.__version__}) does not take the direct launch "
                       f"({type(error).__name__}: {error}); launching through rotary_kernel[grid], which "
-                      "costs more host time per call", RuntimeWarning, stacklevel=4)
+                      "costs more host time per call", RuntimeWarning, stacklevel=5)
     _DIRECT["ok"] = False
 
 
@@ -313,7 +312,8 @@ class _Plan:
         self.const_args = tuple(consts[n] for n in rotary_kernel.arg_names if n in consts)
         self.block_s = consts["BLOCK_S"]
         self.n_d = triton.cdiv(consts["HALF"], consts["BLOCK_D"])
-        self.launch = None
+        self.launch = None  # the direct launcher, once Triton has compiled the kernel
+        self.proven = False  # whether it has launched once: until then a failure falls back
 
 
 @functools.lru_cache(maxsize=1024)
@@ -342,10 +342,17 @@ def _launch(tensors, adjoint, config):
         # Addresses as ints: for a tensor the launcher would call data_ptr() again and ask
         # the driver about the pointer (cuPointerGetAttribute), for each of the ten. Unused
         # pointers are null: the kernel's constexpr flags compile their accesses away.
-        plan.launch(grid, device, (*ptrs, S, *plan.const_args))
-        return
+        try:
+            plan.launch(grid, device, (*ptrs, S, *plan.const_args))
+            plan.proven = True
+            return
+        except (AttributeError, TypeError) as e:  # Triton's launcher takes other arguments:
+            if plan.proven:  # it raises before it launches
+                raise
+            _fall_back(e)
+            plan.launch = None
     # Triton's path: compiles on first use. The interpreter returns no compiled kernel,
-    # so it always comes here, as does every launch once _direct has failed.
+    # so it always comes here, as does every launch once the direct launch has failed.
     kernel = rotary_kernel[grid](*_pointer_args(*tensors), S, **plan.consts)
     if kernel is not None and _DIRECT["ok"]:
         plan.launch = _direct(kernel)
