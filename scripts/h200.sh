@@ -9,7 +9,13 @@
 #   tune   search launch configurations -> torch-ext/rope_bwd/configs/<GPU>.json
 #   bench  benchmark (DESIGN.md section 6): the 16 public workloads, then S = 16384 / 65536
 #          and head_dim 72 / 80, in one process (one copy-bandwidth figure for all)
-#   tests  the whole pytest suite (GPU tests included)
+#   tests  the whole pytest suite (GPU tests included; PYTEST_ARGS narrows it)
+#   ab     this tree against another build in one process (AB=<checkout with build/>, default
+#          .ab/base): the 16 public workloads, and the real call at S = 1024/4096/16384
+#   realcall  the real model's call (views of qkv, sdpa's and flash-attention's gradient
+#          layouts) against a copy of its bytes and the peers
+#   coldstart  first calls of ours and the peers, each in a fresh process with empty caches
+#   varres training on images of varying resolution (e2e --varres), fresh processes
 #   e2e    Qwen3-Omni vision-encoder training step: eager, kernelized, bound
 #          (E2E_ARGS, default --rounds 10 --iters 50 --profile: traces under $OUT)
 #   demo   the main job
@@ -23,7 +29,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  [ -f /tmp/site/.installed ] || {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+      touch /tmp/site/.installed; } || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
@@ -35,7 +43,16 @@ for stage in "$@"; do
   case $stage in
     tune)  python3 -m rope_bwd_triton tune --budget "${TUNE_BUDGET:-240}" ${TUNE_ARGS:-} --log "$OUT/tune.json" && cp torch-ext/rope_bwd/configs/*.json "$OUT/" ;;
     bench) python3 -m rope_bwd_triton bench --set all --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT/bench.png" ;;
-    tests) python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
+    tests) python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
+    ab)    python3 -m rope_bwd_triton bench --set suite --peers "" --ab "${AB:-.ab/base}" \
+               --json "$OUT/ab-suite.json" --markdown "$OUT/ab-suite.md" --plot "$OUT/ab-suite.png" | tail -30 &&
+           python3 -m rope_bwd_triton realcall --seq-lens 1024 4096 16384 --peers copy --ab "${AB:-.ab/base}" \
+               --json "$OUT/ab-realcall.json" --markdown "$OUT/ab-realcall.md" --plot "$OUT/ab-realcall.png" ;;
+    realcall) python3 -m rope_bwd_triton realcall ${REALCALL_ARGS:-} --json "$OUT/realcall.json" \
+               --markdown "$OUT/realcall.md" --plot "$OUT/realcall.png" ;;
+    coldstart) python3 -m rope_bwd_triton coldstart --profile --json "$OUT/coldstart.json" ;;
+    varres) python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
+           HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e --varres ${VARRES_ARGS:-} --out "$OUT" ;;
     e2e)   python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
            HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e ${E2E_ARGS:---rounds 10 --iters 50 --profile} --out "$OUT" ;;
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
