@@ -175,16 +175,20 @@ def rotary_compiles():
     triton.knobs.runtime.jit_post_compile_hook = saved
 
 
-def _attention_step(kernel, x, cos, sin, H, D, seen):
-    """The vision attention's pattern on one packed qkv projection: q/k views rotated, then
-    sdpa, whose backward hands the rotary its gradient as [1, H, S, D] seen as [S, H, D]
-    (`seen` gets those gradients)."""
+def _attention_step(kernel, x, cos, sin, H, D, seen=None):
+    """The Qwen vision attention's pattern on one packed qkv projection: q/k views rotated, then
+    sdpa per image (here two) on [1, H, S, D] transposes, whose backward assembles the rotary's
+    upstream gradient by a cat: [1, H, S, D] contiguous, seen as [S, H, D] (head stride S*D).
+    `seen` gets those gradients."""
     S = x.shape[0]
     q, k, v = x.view(S, 3, H, D).unbind(1)
     q, k = kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
-    for name, t in (("q", q), ("k", k)):
-        t.register_hook(lambda g, name=name: seen.__setitem__(name, g))
-    return torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)))
+    if seen is not None:
+        for name, t in (("q", q), ("k", k)):
+            t.register_hook(lambda g, name=name: seen.__setitem__(name, g))
+    images = [S // 2, S - S // 2] if S > 1 else [S]
+    chunks = [torch.split(t.transpose(0, 1)[None], images, dim=2) for t in (q, k, v)]
+    return torch.cat([torch.nn.functional.scaled_dot_product_attention(*c) for c in zip(*chunks)], dim=2)
 
 
 @pytest.mark.gpu
@@ -283,7 +287,7 @@ def test_compile_reads_sdpa_gradient_in_place_gpu(kernel, gen, rotary_compiles):
     H, D = 16, 72
 
     def fn(x, cos, sin):
-        return _attention_step(kernel, x, cos, sin, H, D, {})
+        return _attention_step(kernel, x, cos, sin, H, D)
 
     compiled = torch.compile(fn, backend=counter, fullgraph=True)
     for i, S in enumerate((1100, 1500, 2048, 3001, 4000)):
@@ -292,6 +296,7 @@ def test_compile_reads_sdpa_gradient_in_place_gpu(kernel, gen, rotary_compiles):
         w = torch.randn(1, H, S, D, generator=gen).to("cuda", torch.bfloat16)
         for t in (x, e):
             torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(w, 2)
         results = []
         for f in (fn, compiled):
             out = f(x, e.cos(), e.sin())

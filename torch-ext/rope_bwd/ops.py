@@ -88,15 +88,13 @@ def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
     device = x_q.device
     cfg = tuning.cached_config(mode, _size_hint(S), HQ, x_k.shape[1], D, x_q.element_size(), device)
     rt = _rotary_triton()
-    if not adjoint:
-        fn = functools.partial(rt.launch_fwd, x_q, x_k, t0, t1, y_q, y_k, config=cfg)
-    else:
-        fn = functools.partial(rt.launch_bwd, x_q, x_k, t0, t1, dq=y_q, dk=y_k, q=p_q, k=p_k, dtable=g0, dsin=g1,
-                               config=cfg)
     # Triton launches on the current device: make it the tensors' one (switching costs host time).
     switch = device.type == "cuda" and type(x_q) is Tensor and device.index != torch.cuda.current_device()
     with torch.cuda.device(device) if switch else contextlib.nullcontext():
-        fn()
+        if adjoint:
+            rt.launch_bwd(x_q, x_k, t0, t1, dq=y_q, dk=y_k, q=p_q, k=p_k, dtable=g0, dsin=g1, config=cfg)
+        else:
+            rt.launch_fwd(x_q, x_k, t0, t1, y_q, y_k, config=cfg)
 
 
 def _empty_like(t: Tensor) -> Tensor:

@@ -92,7 +92,7 @@ def _store_halves(base, s_h, h, half_off, y1, y2, mask, ROW_STORE: tl.constexpr)
 def _stride(S, st: tl.constexpr):
     """A stride constexpr as `_encode` writes it: st >= 0 is the stride, -a stands for a*S."""
     if st < 0:
-        return S.to(tl.int64) * (-st)
+        return tl.cast(S, tl.int64) * (-st)  # S is an int where a caller specialized it
     else:
         return st
 
@@ -331,13 +331,15 @@ def _launch(tensors, adjoint, config):
     if type(x_q) is not torch.Tensor:  # traced by torch.compile
         _launch_traced(tensors, adjoint, config)
         return
-    # This key is most of the host time of a launch seen before: one pass, no generators.
+    # This key is most of the host time of a launch seen before: one pass, no generators, and
+    # _encode only for strides that reach past the tokens (the test is _encode's first).
     ptrs = [0 if t is None else t.data_ptr() for t in tensors]
-    layout = tuple([None if t is None else (_encode(t.stride(), S), t.dtype, p % 16 == 0)
-                    for t, p in zip(tensors, ptrs)])
+    layout = tuple([None if t is None else (
+        st if (u := S * st[0]) == 0 or max(st) < u else _encode(st, S), t.dtype, p % 16 == 0)
+        for t, p in zip(tensors, ptrs) if t is None or (st := t.stride())])
     device = x_q.device.index
     plan = _plan(HQ, D, tensors[1].shape[1], adjoint, layout, tuple(config.items()), device)
-    grid = (triton.cdiv(S, plan.block_s), plan.n_d)
+    grid = (-(-S // plan.block_s), plan.n_d)  # triton.cdiv is a JIT function: slower on the host
     if plan.launch is not None:
         # Addresses as ints: for a tensor the launcher would call data_ptr() again and ask
         # the driver about the pointer (cuPointerGetAttribute), for each of the ten. Unused
