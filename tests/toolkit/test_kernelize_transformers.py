@@ -18,9 +18,9 @@ from kernels import Mode, kernelize, use_kernel_mapping
 
 from rope_bwd_triton import e2e, publish
 from rope_bwd_triton.build import repo_id
-from rope_bwd_triton.suite import rel_err
 
-from conftest import compiled_calls, generated_code
+from ..helpers import compiled_calls, generated_code
+from ..reference import rel_err
 
 FAMILIES = tuple(e2e.FAMILIES)
 # Tiny shapes (head_dim 16) for CPU; two images, so the attention's per-image split runs.
@@ -117,7 +117,6 @@ def check_parity(kernel, integrations, family, *, size, dtype, device, mode, bui
     assert_close(run(model, inputs, mode), ref, tol)
 
 
-@pytest.mark.kernels_ci
 @pytest.mark.parametrize("built", ["before", "after"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", FAMILIES)
@@ -182,7 +181,6 @@ def test_compiled_varying_image_sizes_cuda(kernel, integrations, no_tf32):
             assert any(re.search(r"\bs\d+\b", c) for c in code if "rotary_kernel" in c)
 
 
-@pytest.mark.kernels_ci
 def test_convenience_call(kernel, integrations):
     """kernelize_vision_rotary with its defaults: the published repo-id, version 1."""
     assert integrations.REPO_ID == repo_id()
@@ -196,7 +194,6 @@ def test_convenience_call(kernel, integrations):
         integrations.kernelize_vision_rotary(torch.nn.Linear(2, 2), mode=Mode.TRAINING, device="cpu")
 
 
-@pytest.mark.kernels_ci
 def test_make_kernelizable_is_idempotent_and_undone(kernel, integrations):
     M = modeling("qwen3_omni_moe")
     original, init = M.apply_rotary_pos_emb_vision, M.Qwen3OmniMoeVisionAttention.__init__

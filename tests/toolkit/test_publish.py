@@ -34,7 +34,6 @@ USER_CALL = textwrap.dedent("""
 """)
 
 
-@pytest.mark.kernels_ci
 def test_dry_run_lists_every_file_and_destination(capsys, monkeypatch):
     import huggingface_hub
 
@@ -54,7 +53,6 @@ def test_dry_run_lists_every_file_and_destination(capsys, monkeypatch):
     assert not any("__pycache__" in d or d.endswith(".pyc") for d in dests)
 
 
-@pytest.mark.kernels_ci
 def test_offline_cache_serves_the_user_call(tmp_path):
     snapshot = publish.install_build(tmp_path)
     commit = snapshot.name
