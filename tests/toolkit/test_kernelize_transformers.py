@@ -1,11 +1,12 @@
 """Kernelize transformers' vision encoders by kernel name, and parity with transformers.
 
-Random-init vision models built from config objects (no downloads). The eager twin
-runs first, while transformers' rotary is untouched (the kernelized layer is a module
-global, shared by every model of a family); then the model is kernelized through the
-user's mapping, LayerRepository(<repo-id>, "ApplyRotaryPosEmbVision", version=1), and
-outputs and every parameter's gradient are compared. Version 1 resolves offline from a
-Hub cache holding the published tree; the files load from this checkout (LOCAL_KERNELS).
+Random-init vision models built from config objects (no downloads) by the toolkit's e2e
+module, so these live with the toolkit's tests. The eager twin runs first, while
+transformers' rotary is untouched (the kernelized layer is a module global, shared by
+every model of a family); then the model is kernelized through the user's mapping,
+kernel_mapping(<repo-id>, version=1), and outputs and every parameter's gradient are
+compared. LOCAL_KERNELS names this checkout, so the mapping's layer comes from build/
+through kernels' LocalLayerRepository, with the network refused (tests/offline.py).
 """
 
 import copy
@@ -16,7 +17,7 @@ import pytest
 import torch
 from kernels import Mode, kernelize, use_kernel_mapping
 
-from rope_bwd_triton import e2e, publish
+from rope_bwd_triton import e2e
 from rope_bwd_triton.build import repo_id
 
 from ..helpers import compiled_calls, generated_code
@@ -45,21 +46,10 @@ def modeling(family):
     return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
 
 
-@pytest.fixture(scope="module")
-def hub_cache(kernel, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("kernels-cache")
-    publish.install_build(cache)
-    return cache
-
-
 @pytest.fixture
-def integrations(kernel, hub_cache, monkeypatch):
-    """The shipped integrations module; version=1 resolves offline from hub_cache; transformers
-    restored afterwards so nothing leaks into other tests."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("KERNELS_CACHE", str(hub_cache))
+def integrations(kernel):
+    """The shipped integrations module; transformers restored afterwards so nothing leaks
+    into other tests."""
     originals = {f: modeling(f).apply_rotary_pos_emb_vision for f in FAMILIES}
     yield kernel.integrations
     kernel.integrations.restore_transformers()
@@ -182,7 +172,8 @@ def test_compiled_varying_image_sizes_cuda(kernel, integrations, no_tf32):
 
 
 def test_convenience_call(kernel, integrations):
-    """kernelize_vision_rotary with its defaults: the published repo-id, version 1."""
+    """kernelize_vision_rotary with its defaults (the published repo-id, version 1) from a
+    checkout: LOCAL_KERNELS set, the network refused (it used to resolve the version on the Hub)."""
     assert integrations.REPO_ID == repo_id()
     eager, inputs = build("qwen2_5_vl", "tiny", torch.float32, "cpu")
     ref = run(eager, inputs, Mode.TRAINING)
@@ -221,13 +212,3 @@ def test_attention_classes_found(kernel):
         "qwen3_vl": ["Qwen3VLVisionAttention"],
     }
 
-
-def test_mapping_covers_devices_and_modes(kernel):
-    mapping = kernel.integrations.kernel_mapping("org/name", version=3)
-    (layer, devices), = mapping.items()
-    assert layer == "ApplyRotaryPosEmbVision" and set(devices) == {"cuda", "cpu"}
-    for modes in devices.values():
-        assert set(modes) == {Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE,
-                              Mode.TRAINING | Mode.TORCH_COMPILE}
-        for repo in modes.values():
-            assert (repo._repo_id, repo.layer_name, repo._version) == ("org/name", "ApplyRotaryPosEmbVision", 3)
