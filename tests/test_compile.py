@@ -35,6 +35,7 @@ FWD_COMBOS = [
 ]
 
 
+@pytest.mark.kernels_ci
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("combo", FWD_COMBOS, ids=[c[0] for c in FWD_COMBOS])
 def test_opcheck_rotary_fwd(kernel, gen, device, combo):
@@ -58,6 +59,7 @@ BWD_COMBOS = [
 ]
 
 
+@pytest.mark.kernels_ci
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("combo", BWD_COMBOS, ids=[c[0] for c in BWD_COMBOS])
 def test_opcheck_rotary_bwd(kernel, gen, device, combo):
