@@ -1,18 +1,21 @@
 """Publish the built variants and the card to the Hub, or install them offline.
 
-What goes where (one tree, used three ways):
-    build/torch-<backend>/...   ->  build/torch-<backend>/...   (every built variant)
-    CARD.md                     ->  README.md                   (the Hub page)
-on branch `v<version>` (version from build.toml) of the kernel repository, which
-is where `kernels.get_kernel(repo_id, version=<version>)` looks.
+What goes where is the layout of kernel-builder's `upload` command (which the
+release workflow runs on kernel-builder's own build):
+    branch main           CARD.md                    ->  README.md        (the Hub page)
+    branch v<version>     benchmarks/benchmark*.py   ->  benchmarks/...
+                          build/torch-<backend>/...  ->  build/torch-<backend>/...
+and, on v<version>, the files under those variants and the benchmarks/benchmark*.py
+that the upload does not hold are deleted. `kernels.get_kernel(repo_id, version=<version>)`
+reads branch v<version>; the version comes from build.toml.
 
-    --dry-run      list every file and its destination; no network
-    (default)      upload with huggingface_hub: one commit on branch v<version>,
-                   replacing whatever build/ held there before
-    --to-cache DIR the offline twin: the same tree in the Hub-cache layout that
+    --dry-run      print every operation; no network
+    (default)      upload with huggingface_hub: branch v<version> created first (from
+                   main, as kernel-builder does), then one commit per branch
+    --to-cache DIR the offline twin: the same branches in the Hub-cache layout that
                    kernels reads with HF_HUB_OFFLINE=1 and KERNELS_CACHE=DIR:
-                   DIR/kernels--<org>--<name>/refs/v<version> = commit id,
-                   DIR/kernels--<org>--<name>/snapshots/<commit>/<tree>
+                   DIR/kernels--<org>--<name>/refs/<branch> = commit id,
+                   DIR/kernels--<org>--<name>/snapshots/<commit>/<that branch's files>
 """
 
 import hashlib
@@ -24,22 +27,28 @@ from . import REPO_ROOT
 from .build import build_variants, read_config, repo_id as default_repo_id
 
 REPO_TYPE = "kernel"  # kernels downloads with snapshot_download(repo_type="kernel")
+CARD_BRANCH = "main"
 
 
 def branch(root: Path = REPO_ROOT) -> str:
     return f"v{read_config(root)['general']['version']}"
 
 
-def publish_files(root: Path = REPO_ROOT, build: Path | None = None) -> list[tuple[Path, str]]:
-    """Build the variants, then (local file, path in repo) for everything to send, sorted."""
+def operations(root: Path = REPO_ROOT, build: Path | None = None) -> dict[str, list[tuple[Path, str]]]:
+    """Build the variants, then {branch: sorted [(local file, path in repo)]} to add."""
     build = build or root / "build"
-    files = []
+    version_files = [(p, f"benchmarks/{p.name}") for p in (root / "benchmarks").glob("benchmark*.py")]
     for variant in build_variants(root, out=build):
-        for path in sorted(variant.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                files.append((path, path.relative_to(build.parent).as_posix()))
-    files.append((root / "CARD.md", "README.md"))
-    return sorted(files, key=lambda f: f[1])
+        version_files += [(p, f"build/{p.relative_to(build).as_posix()}") for p in variant.rglob("*")
+                          if p.is_file() and "__pycache__" not in p.parts]
+    return {CARD_BRANCH: [(root / "CARD.md", "README.md")],
+            branch(root): sorted(version_files, key=lambda f: f[1])}
+
+
+def stale_patterns(files) -> list[str]:
+    """What the commit replaces on the version branch: its variants and benchmark*.py."""
+    variants = sorted({"/".join(rel.split("/")[:2]) for _, rel in files if rel.startswith("build/")})
+    return [f"{v}/**" for v in variants] + ["benchmarks/benchmark*.py"]
 
 
 def stage(files, dest: Path) -> Path:
@@ -57,60 +66,72 @@ def commit_id(files) -> str:
     return h.hexdigest()
 
 
-def install_to_cache(cache: Path, files, repo_id: str, ref: str) -> Path:
-    """The offline twin of the upload; returns the snapshot folder."""
+def install_to_cache(cache: Path, ops, repo_id: str) -> dict[str, Path]:
+    """The offline twin of the upload: {branch: its snapshot folder}."""
     from huggingface_hub.file_download import repo_folder_name
 
     storage = Path(cache) / repo_folder_name(repo_id=repo_id, repo_type=REPO_TYPE)
-    commit = commit_id(files)
-    snapshot = storage / "snapshots" / commit
-    if snapshot.exists():
-        shutil.rmtree(snapshot)
-    stage(files, snapshot)
-    (storage / "refs").mkdir(parents=True, exist_ok=True)
-    (storage / "refs" / ref).write_text(commit)
-    return snapshot
+    snapshots = {}
+    for ref, files in ops.items():
+        commit = commit_id(files)
+        snapshot = storage / "snapshots" / commit
+        if snapshot.exists():
+            shutil.rmtree(snapshot)
+        snapshots[ref] = stage(files, snapshot)
+        (storage / "refs").mkdir(parents=True, exist_ok=True)
+        (storage / "refs" / ref).write_text(commit)
+    return snapshots
 
 
-def install_build(cache: Path, repo_id: str | None = None) -> Path:
+def install_build(cache: Path, repo_id: str | None = None) -> dict[str, Path]:
     """Build, then install into `cache` as the upload would publish it (the offline twin)."""
-    return install_to_cache(cache, publish_files(), repo_id or default_repo_id(), branch())
+    return install_to_cache(cache, operations(), repo_id or default_repo_id())
 
 
-def upload(files, repo_id: str, ref: str) -> str:
+def upload(ops, repo_id: str) -> list[str]:
     from huggingface_hub import HfApi
 
     api = HfApi()
     api.create_repo(repo_id, repo_type=REPO_TYPE, exist_ok=True)
-    api.create_branch(repo_id, branch=ref, repo_type=REPO_TYPE, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        info = api.upload_folder(
-            repo_id=repo_id, repo_type=REPO_TYPE, revision=ref, folder_path=stage(files, Path(tmp)),
-            commit_message=f"Upload {ref} build", delete_patterns=["build/**"],
-        )
-    return info.commit_url
+    for ref in ops:
+        if ref != CARD_BRANCH:
+            api.create_branch(repo_id, branch=ref, repo_type=REPO_TYPE, exist_ok=True)
+    urls = []
+    for ref, files in ops.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            info = api.upload_folder(
+                repo_id=repo_id, repo_type=REPO_TYPE, revision=ref, folder_path=stage(files, Path(tmp)),
+                commit_message=f"Upload {'the card' if ref == CARD_BRANCH else ref + ' build'}",
+                delete_patterns=None if ref == CARD_BRANCH else stale_patterns(files),
+            )
+        urls.append(info.commit_url)
+    return urls
 
 
 def add_arguments(parser):
     parser.add_argument("--repo-id", default=None, help="Hub repository (default: [general.hub] repo-id of build.toml)")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true", help="list what would be sent and where; no network")
+    mode.add_argument("--dry-run", action="store_true", help="print every operation of the upload; no network")
     mode.add_argument("--to-cache", type=Path, metavar="DIR", help="install into a Hub-cache layout instead")
 
 
 def main(args) -> int:
     repo_id = args.repo_id or default_repo_id()
-    ref = branch()
-    files = publish_files()
+    ops = operations()
     if args.dry_run:
-        print(f"would upload {len(files)} files to {REPO_TYPE} repository {repo_id}, branch {ref}:")
-        for src, rel in files:
-            print(f"  {src.relative_to(REPO_ROOT)} -> {repo_id}@{ref}:{rel}")
+        print(f"would upload to {REPO_TYPE} repository {repo_id} (kernel-builder's upload layout):")
+        for ref, files in ops.items():
+            print(f"branch {ref}:")
+            for src, rel in files:
+                print(f"  add {src.relative_to(REPO_ROOT)} -> {rel}")
+            if ref != CARD_BRANCH:
+                print(f"  delete files matching {', '.join(stale_patterns(files))} that are not added above")
     elif args.to_cache:
-        snapshot = install_to_cache(args.to_cache, files, repo_id, ref)
-        print(f"installed {len(files)} files into {snapshot}")
+        for ref, snapshot in install_to_cache(args.to_cache, ops, repo_id).items():
+            print(f"installed branch {ref} ({len(ops[ref])} files) into {snapshot}")
         print(f"load offline with: HF_HUB_OFFLINE=1 KERNELS_CACHE={args.to_cache} and "
-              f"kernels.get_kernel({repo_id!r}, version={ref[1:]}, trust_remote_code=True)")
+              f"kernels.get_kernel({repo_id!r}, version={branch()[1:]}, trust_remote_code=True)")
     else:
-        print(f"uploaded {len(files)} files: {upload(files, repo_id, ref)}")
+        for url in upload(ops, repo_id):
+            print(f"committed: {url}")
     return 0

@@ -1,25 +1,40 @@
-"""Shared fixtures: the kernel is built into build/ once per run and loaded the
-way users load it, through kernels.get_kernel (LOCAL_KERNELS points at this checkout)."""
+"""Package tests: they stand on the shipped package alone, as hub CI runs them
+(`pytest tests -m kernels_ci` next to kernel-builder's build, with only torch,
+kernels and pytest installed, LOCAL_KERNELS naming the build).
 
-import contextlib
+The kernel is loaded the way users load it, kernels.get_kernel(<repo-id>, version=1);
+LOCAL_KERNELS must name where the variants are (hub CI sets it; in the repository the
+root conftest.py builds build/ and sets it). Every test runs offline (tests/offline.py).
+"""
+
 import os
 import zlib
-from unittest import mock
 
 import pytest
 import torch
 
-from rope_bwd_triton import REPO_ROOT
-from rope_bwd_triton.build import build_variants, repo_id
+from . import offline
+from .helpers import HAS_CUDA, INTERPRET, REPO_ID, ROOT
 
-HAS_CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+# The toolkit's tests need the repository's toolkit next to tests/; hub CI's copy holds
+# only build.toml, torch-ext/ and tests/ (whatever the current directory has).
+collect_ignore = [] if (ROOT / "rope_bwd_triton").is_dir() else ["toolkit"]
+
+
+def pytest_configure(config):
+    # Here rather than in pyproject.toml, which hub CI replaces with kernel-builder's.
+    config.addinivalue_line("markers", "kernels_ci: fast subset that hub CI runs (`nix run .#ci-test`)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    # torch.compile users would see it: dynamo traced through a cache of ours
+    config.addinivalue_line(
+        "filterwarnings", "error:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning")
+    offline.install()
 
 
 def pytest_report_header(config):
     cpu_path = "Triton kernels in the interpreter" if INTERPRET else "PyTorch path"
-    return f"rope-bwd: CPU tensors run the {cpu_path}; CUDA {'available' if HAS_CUDA else 'not available'}"
+    return (f"rope-bwd: CPU tensors run the {cpu_path}; CUDA {'available' if HAS_CUDA else 'not available'}; "
+            f"LOCAL_KERNELS={os.environ.get('LOCAL_KERNELS')}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,19 +44,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def pytest_configure(config):
-    # Build the variants once: here in a plain run, in the controller under pytest-xdist
-    # (workers building the same folder at once would race).
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        build_variants()
+@pytest.fixture(autouse=True)
+def _no_network():
+    """A test that tried the network fails, whatever the library that tried made of the refusal."""
+    before = len(offline.attempts)
+    yield
+    assert len(offline.attempts) == before, f"network access attempted: {offline.attempts[before:]}"
 
 
 @pytest.fixture(scope="session")
 def kernel():
+    """The package, as users load it; from the build LOCAL_KERNELS names."""
     import kernels
 
-    os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
-    return kernels.get_kernel(repo_id(), version=1)
+    if REPO_ID not in os.environ.get("LOCAL_KERNELS", ""):
+        pytest.fail(f"LOCAL_KERNELS must name {REPO_ID}=<folder holding the built variants>")
+    return kernels.get_kernel(REPO_ID, version=1)
 
 
 @pytest.fixture
@@ -50,27 +68,3 @@ def gen(request):
     and a failure reproduces. ROPE_SEED=<int> changes every draw."""
     seed = zlib.crc32(request.node.nodeid.encode()) ^ int(os.environ.get("ROPE_SEED", "0"))
     return torch.Generator().manual_seed(seed)
-
-
-# ------------------------------------------------- what compiled code runs
-
-def compiled_calls(kernel, code: str) -> set:
-    """What the compiled code runs of ours: "kernel" (rotary_kernel launched by inductor),
-    the names of our ops it calls."""
-    ns = kernel._ops.add_op_namespace_prefix("").removesuffix("::")
-    names = {"rotary_fwd", "rotary_bwd", "rotary_fwd_opaque", "rotary_bwd_opaque"}
-    calls = {n for n in names if f"torch.ops.{ns}.{n}.default(" in code}
-    return calls | ({"kernel"} if "rotary_kernel" in code else set())
-
-
-@contextlib.contextmanager
-def generated_code():
-    """The code inductor generates inside the block (as run_and_get_code, minus its
-    dynamo reset); compiled graphs are not taken from the on-disk caches, which skip codegen."""
-    from torch._inductor.graph import GraphLowering
-
-    code = []
-    with mock.patch.object(GraphLowering, "save_output_code", code.append), \
-            torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
-        yield code

@@ -12,9 +12,9 @@ import re
 import pytest
 import torch
 
-from rope_bwd_triton import suite
+from . import reference
 
-from conftest import DEVICES
+from .helpers import DEVICES
 
 S, HQ, HK, D = 6, 2, 3, 8
 OTHER_DEVICE = {"cpu": "meta", "cuda": "cpu"}  # meta: a real second device on CPU-only machines
@@ -349,16 +349,16 @@ def test_different_head_counts_and_table_dtype_are_valid(kernel, gen, device, ta
     (transformers passes fp32 cos/sin with bf16 q), are valid and exact."""
     args = make_args("rope_bwd", gen, device, hq=1, hk=5)
     args["embeddings"] = args["embeddings"].to(table_dtype)
-    ref = suite.reference_backward(*args.values())
+    ref = reference.reference_backward(*args.values())
     out = fresh_out(args)
     got = kernel.rope_bwd(*args.values(), out=out)
     assert all(g is o for g, o in zip(got, out))
     tol = [FP32_TOL, FP32_TOL, FP32_TOL if table_dtype == torch.float32 else 1e-2]
     for g, r, t in zip(got, ref, tol):
-        assert suite.rel_err(g, r) <= t
-    fwd_ref = suite.reference_forward(*(args[n].double().cpu() for n in ("q", "k", "embeddings")))
+        assert reference.rel_err(g, r) <= t
+    fwd_ref = reference.reference_forward(*(args[n].double().cpu() for n in ("q", "k", "embeddings")))
     for g, r in zip(kernel.rope_fwd(args["q"], args["k"], args["embeddings"]), fwd_ref):
-        assert suite.rel_err(g, r) <= FP32_TOL
+        assert reference.rel_err(g, r) <= FP32_TOL
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -369,8 +369,8 @@ def test_out_interleaved_in_one_gradient_buffer(kernel, gen, device):
     dqkv = torch.full((S, 3, HQ, D), float("nan"), device=device)
     out = (dqkv[:, 0], dqkv[:, 1], torch.full_like(args["embeddings"], float("nan")))
     got = kernel.rope_bwd(*args.values(), out=out)
-    for g, r in zip(got, suite.reference_backward(*args.values())):
-        assert suite.rel_err(g, r) <= FP32_TOL
+    for g, r in zip(got, reference.reference_backward(*args.values())):
+        assert reference.rel_err(g, r) <= FP32_TOL
     assert dqkv[:, 2].isnan().all(), "the third slot was written"
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from rope_bwd_triton import suite
+from . import reference
 
-from conftest import DEVICES, compiled_calls, generated_code
+from .helpers import DEVICES, compiled_calls, generated_code
 
 D = 8
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -35,6 +35,7 @@ FWD_COMBOS = [
 ]
 
 
+@pytest.mark.kernels_ci
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("combo", FWD_COMBOS, ids=[c[0] for c in FWD_COMBOS])
 def test_opcheck_rotary_fwd(kernel, gen, device, combo):
@@ -58,6 +59,7 @@ BWD_COMBOS = [
 ]
 
 
+@pytest.mark.kernels_ci
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("combo", BWD_COMBOS, ids=[c[0] for c in BWD_COMBOS])
 def test_opcheck_rotary_bwd(kernel, gen, device, combo):
@@ -122,7 +124,7 @@ def _check_compiled(module, compiled, x, cos, sin, w, n_grads):
     assert len(got) == len(eager) == n_grads
     for g, e in zip(got, eager):
         # Same ops in the same precision; only the fusion of the elementwise tail may differ.
-        assert suite.rel_err(g, e) <= 1e-6
+        assert reference.rel_err(g, e) <= 1e-6
     return "\n".join(code)
 
 
@@ -185,7 +187,7 @@ def test_compile_symbolic_heads_take_the_opaque_ops(kernel, gen, device):
                 out = f(q, k, cos, sin)
                 results.append([*out, *torch.autograd.grad(out, (q, k, cos, sin), (gq, gk))])
             for g, e in zip(*results):
-                assert suite.rel_err(g, e) <= 1e-6
+                assert reference.rel_err(g, e) <= 1e-6
     want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if device == "cuda" or INTERPRET else set()
     assert compiled_calls(kernel, "\n".join(code)) == want
 
@@ -204,8 +206,8 @@ def test_compile_rope_bwd_and_rope_fwd(kernel, gen, device):
     args = [rnd(gen, device, S, h, D) for h in (hq, hk, hq, hk)] + [rnd(gen, device, S, D)]
     out = tuple(torch.full_like(t, float("nan")) for t in args[2:])
     got_alloc, got_fwd = torch.compile(step, fullgraph=True, backend="inductor")(*args, out)
-    ref = suite.reference_backward(*args)
+    ref = reference.reference_backward(*args)
     for o, a, r in zip(out, got_alloc, ref):
-        assert suite.rel_err(o, r) <= 2e-6 and suite.rel_err(a, r) <= 2e-6
-    for g, r in zip(got_fwd, suite.reference_forward(*(t.double().cpu() for t in args[2:]))):
-        assert suite.rel_err(g, r) <= 2e-6
+        assert reference.rel_err(o, r) <= 2e-6 and reference.rel_err(a, r) <= 2e-6
+    for g, r in zip(got_fwd, reference.reference_forward(*(t.double().cpu() for t in args[2:]))):
+        assert reference.rel_err(g, r) <= 2e-6

@@ -16,7 +16,7 @@ import gc
 import pytest
 import torch
 
-from rope_bwd_triton import suite
+from . import reference
 
 pytestmark = pytest.mark.gpu
 
@@ -62,7 +62,7 @@ def all_outputs(kernel, args, out):
 # --------------------------------------------------------------- determinism
 
 DETERMINISM_SHAPES = (
-    [pytest.param(S, 16, 16, 128, torch.float32, id=f"suite-S{S}") for S in suite.SEQ_LENS]
+    [pytest.param(S, 16, 16, 128, torch.float32, id=f"suite-S{S}") for S in reference.SEQ_LENS]
     + [pytest.param(S, 16, 16, 72, torch.bfloat16, id=f"qwen3omni-S{S}") for S in (1, 977, 4096, 16384)]
     + [pytest.param(3001, 16, 16, 80, torch.bfloat16, id="qwen25vl-S3001"),
        pytest.param(2048, 16, 4, 128, torch.float16, id="gqa-fp16-S2048")]
@@ -103,17 +103,17 @@ def test_past_2_31_elements(kernel, gen, dtype):
     tol = [BF16_TOL if dtype == torch.bfloat16 else FP32_TOL] * 2 + [FP32_TOL]
 
     got = kernel.rope_bwd(*args)
-    ref = suite.reference_backward(*(a[rows] for a in args))
+    ref = reference.reference_backward(*(a[rows] for a in args))
     for g, r, t in zip(got, ref, tol):
-        assert suite.rel_err(g[rows], r) <= t
+        assert reference.rel_err(g[rows], r) <= t
     del got
 
     gq, gk, q, k, emb = args
     del gq, gk, args
     got = kernel.rope_fwd(q, k, emb)
-    ref = suite.reference_forward(*(a[rows].double().cpu() for a in (q, k, emb)))
+    ref = reference.reference_forward(*(a[rows].double().cpu() for a in (q, k, emb)))
     for g, r, t in zip(got, ref, tol):
-        assert suite.rel_err(g[rows], r) <= t
+        assert reference.rel_err(g[rows], r) <= t
     del got, q, k, emb
     torch.cuda.empty_cache()
 

@@ -1,236 +1,84 @@
-"""Kernelize transformers' vision encoders by kernel name, and parity with transformers.
+"""kernels.kernelize with the package's mapping, as a user of the kernels library writes it:
+a module whose layer name is "ApplyRotaryPosEmbVision" gets the package's layer.
 
-Random-init vision models built from config objects (no downloads). The eager twin
-runs first, while transformers' rotary is untouched (the kernelized layer is a module
-global, shared by every model of a family); then the model is kernelized through the
-user's mapping, LayerRepository(<repo-id>, "ApplyRotaryPosEmbVision", version=1), and
-outputs and every parameter's gradient are compared. Version 1 resolves offline from a
-Hub cache holding the published tree; the files load from this checkout (LOCAL_KERNELS).
+These need no transformers (hub CI's environment has none; tests/toolkit/ kernelizes
+transformers' vision encoders). The mapping comes from the build LOCAL_KERNELS names,
+through kernels' LocalLayerRepository: no version is resolved on the Hub, and every test
+runs with the network refused (tests/offline.py).
 """
 
-import copy
-import importlib
-import re
+import os
+from pathlib import Path
 
 import pytest
 import torch
-from kernels import Mode, kernelize, use_kernel_mapping
+from kernels import LayerRepository, LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub, \
+    use_kernel_mapping
 
-from rope_bwd_triton import e2e, publish
-from rope_bwd_triton.build import repo_id
-from rope_bwd_triton.suite import rel_err
+from . import reference
+from .helpers import REPO_ID
 
-from conftest import compiled_calls, generated_code
-
-FAMILIES = tuple(e2e.FAMILIES)
-# Tiny shapes (head_dim 16) for CPU; two images, so the attention's per-image split runs.
-TINY = dict(hidden_size=32, num_heads=2, intermediate_size=64, depth=2, patch_size=4, out_hidden_size=48)
-TINY_EXTRA = {
-    "qwen3_omni_moe": dict(num_position_embeddings=16, deepstack_visual_indexes=[0]),
-    "qwen2_5_vl": dict(window_size=16, fullatt_block_indexes=[1]),
-    "qwen3_vl": dict(num_position_embeddings=16, deepstack_visual_indexes=[0]),
-}
-TINY_GRIDS = [[1, 4, 8], [1, 4, 4]]
-# Real widths: Qwen3-Omni 16 heads of 72, Qwen2.5-VL 16 heads of 80.
-REAL = {
-    "qwen3_omni_moe": dict(hidden_size=1152, num_heads=16, intermediate_size=4304, depth=2),
-    "qwen2_5_vl": dict(hidden_size=1280, num_heads=16, intermediate_size=3420, depth=2, fullatt_block_indexes=[1]),
-}
-REAL_GRIDS = [[1, 32, 32], [1, 16, 32]]
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bf16: a few roundings of 2^-8 through the net
-ALL_MODES = [Mode.INFERENCE, Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE]
+ALL_MODES = {Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING | Mode.TORCH_COMPILE}
 
 
-def modeling(family):
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+@use_kernel_forward_from_hub("ApplyRotaryPosEmbVision")
+class Rotary(torch.nn.Module):
+    """A model's own rotary, in float32; kernelize swaps in the package's layer."""
+
+    def forward(self, q, k, cos, sin):
+        return reference.reference_vision_forward(q, k, cos, sin)
 
 
-@pytest.fixture(scope="module")
-def hub_cache(kernel, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("kernels-cache")
-    publish.install_build(cache)
-    return cache
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary = Rotary()
+
+    def forward(self, q, k, cos, sin):
+        return self.rotary(q, k, cos, sin)
 
 
-@pytest.fixture
-def integrations(kernel, hub_cache, monkeypatch):
-    """The shipped integrations module; version=1 resolves offline from hub_cache; transformers
-    restored afterwards so nothing leaks into other tests."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("KERNELS_CACHE", str(hub_cache))
-    originals = {f: modeling(f).apply_rotary_pos_emb_vision for f in FAMILIES}
-    yield kernel.integrations
-    kernel.integrations.restore_transformers()
-    assert all(modeling(f).apply_rotary_pos_emb_vision is fn for f, fn in originals.items())
-
-
-def build(family, size, dtype, device):
-    config = TINY | TINY_EXTRA[family] if size == "tiny" else REAL[family]
-    model = e2e.make_vision_model(family, dtype=dtype, device=device, **config)
-    return model, e2e.make_images(model, TINY_GRIDS if size == "tiny" else REAL_GRIDS)
-
-
-def run(model, inputs, mode):
-    """Outputs, and the gradient of every parameter (None where it gets none)."""
-    if Mode.TRAINING not in mode:
-        with torch.no_grad():
-            return list(e2e.output_tensors(model(*inputs))), {}
-    out, loss = e2e.step(model, *inputs)
-    loss.backward()
-    return list(e2e.output_tensors(out)), {n: p.grad for n, p in model.named_parameters()}
-
-
-def assert_close(got, ref, tol):
-    (outs, grads), (ref_outs, ref_grads) = got, ref
-    assert len(outs) == len(ref_outs) and grads.keys() == ref_grads.keys()
-    for i, (o, r) in enumerate(zip(outs, ref_outs)):
-        assert o.dtype == r.dtype and rel_err(o, r) < tol, f"output {i}: rel err {rel_err(o, r):.2e}"
-    for name, g in grads.items():
-        r = ref_grads[name]
-        assert (g is None) == (r is None), name
-        assert g is None or rel_err(g, r) < tol, f"grad of {name}: rel err {rel_err(g, r):.2e}"
-
-
-def assert_kernelized(kernel, family):
-    layer = modeling(family).apply_rotary_pos_emb_vision
-    assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward
-
-
-def check_parity(kernel, integrations, family, *, size, dtype, device, mode, built):
-    eager, inputs = build(family, size, dtype, device)
-    model = copy.deepcopy(eager)
-    ref = run(eager, inputs, mode)
-    if built == "before":
-        integrations.make_kernelizable(model)
-    else:
-        integrations.make_kernelizable()
-        model, _ = build(family, size, dtype, device)
-    with use_kernel_mapping(integrations.kernel_mapping(repo_id(), version=1)):
-        model = kernelize(model, mode=mode, device=torch.device(device).type, use_fallback=False)
-    assert_kernelized(kernel, family)
-    if Mode.TORCH_COMPILE in mode:
-        torch._dynamo.reset()
-        model.compile()  # in place: parameter names stay those of the eager twin
-    tol = TOL[dtype] * (10 if Mode.TORCH_COMPILE in mode else 1)  # inductor reorders the fp32 sums
-    assert_close(run(model, inputs, mode), ref, tol)
-
-
-@pytest.mark.kernels_ci
-@pytest.mark.parametrize("built", ["before", "after"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_training_parity(kernel, integrations, family, dtype, built):
-    check_parity(kernel, integrations, family, size="tiny", dtype=dtype, device="cpu", mode=Mode.TRAINING, built=built)
-
-
-@pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl"])
-def test_inference_parity(kernel, integrations, family):
-    check_parity(kernel, integrations, family, size="tiny", dtype=torch.bfloat16, device="cpu",
-                 mode=Mode.INFERENCE, built="after")
-
-
-def test_compile_training_parity(kernel, integrations):
-    check_parity(kernel, integrations, "qwen3_omni_moe", size="tiny", dtype=torch.float32, device="cpu",
-                 mode=Mode.TRAINING | Mode.TORCH_COMPILE, built="before")
-
-
-@pytest.fixture
-def no_tf32():
-    """fp32 means fp32: cuDNN runs fp32 convolutions (the patch embedding) in TF32 by default,
-    whose 10-bit inputs turn the 1e-7 differences of two correct rotaries into 1e-5 ones."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ALL_MODES, ids=["inference", "training", "training_compile"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("family", list(REAL))
-def test_real_width_parity_cuda(kernel, integrations, family, dtype, mode, no_tf32):
-    check_parity(kernel, integrations, family, size="real", dtype=dtype, device="cuda", mode=mode, built="before")
-
-
-@pytest.mark.gpu
-def test_compiled_varying_image_sizes_cuda(kernel, integrations, no_tf32):
-    """Training a compiled, kernelized Qwen3-Omni encoder on images of two sizes: dynamo compiles
-    the second with S dynamic, and inductor still launches rotary_kernel itself (none of our ops
-    in its code); outputs and every gradient match eager at both sizes."""
-    family, dtype, mode = "qwen3_omni_moe", torch.float32, Mode.TRAINING | Mode.TORCH_COMPILE
-    eager, _ = build(family, "real", dtype, "cuda")
-    images = [e2e.make_images(eager, [grid]) for grid in REAL_GRIDS]
-    refs = []
-    for inputs in images:  # before kernelize: the rotary is shared; gradients set to None first
-        eager.zero_grad(set_to_none=True)
-        refs.append(run(eager, inputs, mode))
-    model = copy.deepcopy(eager)
-    integrations.make_kernelizable(model)
-    with use_kernel_mapping(integrations.kernel_mapping(repo_id(), version=1)):
-        model = kernelize(model, mode=mode, device="cuda", use_fallback=False)
-    torch._dynamo.reset()
-    model.compile()
-    for i, (inputs, ref) in enumerate(zip(images, refs)):
-        model.zero_grad(set_to_none=True)
-        with generated_code() as code:
-            got = run(model, inputs, mode)
-        assert_close(got, ref, TOL[dtype] * 10)
-        assert compiled_calls(kernel, "\n".join(code)) == {"kernel"}, f"image {i}"
-        if i:  # recompiled, with a symbol for S in the graphs that launch the kernel
-            assert any(re.search(r"\bs\d+\b", c) for c in code if "rotary_kernel" in c)
-
-
-@pytest.mark.kernels_ci
-def test_convenience_call(kernel, integrations):
-    """kernelize_vision_rotary with its defaults: the published repo-id, version 1."""
-    assert integrations.REPO_ID == repo_id()
-    eager, inputs = build("qwen2_5_vl", "tiny", torch.float32, "cpu")
-    ref = run(eager, inputs, Mode.TRAINING)
-    model = integrations.kernelize_vision_rotary(copy.deepcopy(eager), mode=Mode.TRAINING, device="cpu")
-    assert_kernelized(kernel, "qwen2_5_vl")
-    assert set(integrations._PATCHED) == {"qwen2_5_vl"}  # only the model's own family is touched
-    assert_close(run(model, inputs, Mode.TRAINING), ref, TOL[torch.float32])
-    with pytest.raises(ValueError, match="supported families"):
-        integrations.kernelize_vision_rotary(torch.nn.Linear(2, 2), mode=Mode.TRAINING, device="cpu")
-
-
-@pytest.mark.kernels_ci
-def test_make_kernelizable_is_idempotent_and_undone(kernel, integrations):
-    M = modeling("qwen3_omni_moe")
-    original, init = M.apply_rotary_pos_emb_vision, M.Qwen3OmniMoeVisionAttention.__init__
-    before, _ = build("qwen3_omni_moe", "tiny", torch.float32, "cpu")
-    integrations.make_kernelizable(before)
-    layer = M.apply_rotary_pos_emb_vision
-    assert layer.kernel_layer_name == integrations.LAYER_NAME and layer.forward.__self__ is layer
-    wrapped_init = M.Qwen3OmniMoeVisionAttention.__init__
-    integrations.make_kernelizable(before)  # twice: same layer, constructor wrapped once
-    assert M.apply_rotary_pos_emb_vision is layer and M.Qwen3OmniMoeVisionAttention.__init__ is wrapped_init
-    after, _ = build("qwen3_omni_moe", "tiny", torch.float32, "cpu")
-    for model in (before, after, copy.deepcopy(after)):  # a deepcopy keeps the module-global layer
-        attns = [m for m in model.modules() if isinstance(m, M.Qwen3OmniMoeVisionAttention)]
-        assert attns and all(a._kernel_funcs == {integrations.LAYER_NAME: layer} for a in attns)
-    integrations.restore_transformers()
-    assert M.apply_rotary_pos_emb_vision is original and M.Qwen3OmniMoeVisionAttention.__init__ is init
-    assert not hasattr(build("qwen3_omni_moe", "tiny", torch.float32, "cpu")[0].blocks[0].attn, "_kernel_funcs")
-
-
-def test_attention_classes_found(kernel):
-    names = {f: [c.__name__ for c in kernel.integrations._attention_classes(modeling(f))] for f in FAMILIES}
-    assert names == {
-        "qwen3_omni_moe": ["Qwen3OmniMoeVisionAttention"],
-        "qwen2_5_vl": ["Qwen2_5_VLVisionAttention"],
-        "qwen3_vl": ["Qwen3VLVisionAttention"],
-    }
+def _local_path() -> Path:
+    return Path(dict(e.split("=", 1) for e in os.environ["LOCAL_KERNELS"].split(":"))[REPO_ID])
 
 
 def test_mapping_covers_devices_and_modes(kernel):
-    mapping = kernel.integrations.kernel_mapping("org/name", version=3)
-    (layer, devices), = mapping.items()
-    assert layer == "ApplyRotaryPosEmbVision" and set(devices) == {"cuda", "cpu"}
-    for modes in devices.values():
-        assert set(modes) == {Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE,
-                              Mode.TRAINING | Mode.TORCH_COMPILE}
-        for repo in modes.values():
-            assert (repo._repo_id, repo.layer_name, repo._version) == ("org/name", "ApplyRotaryPosEmbVision", 3)
+    """Every mode on CUDA and CPU; a repo-id LOCAL_KERNELS does not name resolves by version."""
+    for repo_id, version in ((REPO_ID, 1), ("org/name", 3)):
+        (layer, devices), = kernel.integrations.kernel_mapping(repo_id, version=version).items()
+        assert layer == "ApplyRotaryPosEmbVision" and set(devices) == {"cuda", "cpu"}
+        repos = [repo for modes in devices.values() for repo in modes.values()]
+        assert all(set(modes) == ALL_MODES for modes in devices.values())
+        assert all(r.layer_name == "ApplyRotaryPosEmbVision" for r in repos)
+        if repo_id == REPO_ID:
+            assert all(isinstance(r, LocalLayerRepository) and r._repo_path == _local_path() for r in repos)
+        else:
+            assert all(isinstance(r, LayerRepository) and (r._repo_id, r._version) == ("org/name", 3) for r in repos)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("mode", [Mode.INFERENCE, Mode.TRAINING], ids=["inference", "training"])
+def test_kernelize_from_the_local_build(kernel, mode, gen):
+    """The package's layer replaces the rotary's forward, runs the package's op (its autograd
+    node), and matches float64 forward and, in training, backward."""
+    S, H, D = 19, 3, 72
+    model = Attention()
+    with use_kernel_mapping(kernel.integrations.kernel_mapping()):
+        model = kernelize(model, mode=mode, device="cpu", use_fallback=False)
+    assert model.rotary.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward
+
+    q, k = (torch.randn(S, H, D, generator=gen, requires_grad=True) for _ in range(2))
+    e = torch.randn(S, D, generator=gen)
+    cos, sin = e.cos().requires_grad_(), e.sin().requires_grad_()
+    gq, gk = (torch.randn(S, H, D, generator=gen) for _ in range(2))
+    outs = model(q, k, cos, sin)
+    assert "EagerRotary" in type(outs[0].grad_fn).__name__
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, cos, sin)]
+    ref_outs = reference.reference_vision_forward(*leaves)
+    for o, r in zip(outs, ref_outs):
+        assert reference.rel_err(o, r) <= 2e-6
+    if Mode.TRAINING in mode:
+        torch.autograd.backward(outs, (gq, gk))
+        ref_grads = torch.autograd.grad(ref_outs, leaves, (gq.double(), gk.double()))
+        for got, r in zip((q.grad, k.grad, cos.grad, sin.grad), ref_grads):
+            assert reference.rel_err(got, r) <= 2e-6

@@ -1,5 +1,5 @@
 """Correctness of every public function and launch configuration against a float64
-evaluation of the math (rope_bwd_triton.suite: autograd of the eager forward).
+evaluation of the math (tests/reference.py: autograd of the eager forward).
 
 CPU tensors run the PyTorch path, or the Triton kernel in Triton's interpreter
 when the process has TRITON_INTERPRET=1 (the test script runs this file both
@@ -10,9 +10,8 @@ every kernel writes them, so an unwritten element fails the comparison.
 import pytest
 import torch
 
-from rope_bwd_triton import suite
-from rope_bwd_triton.load import submodule
-from conftest import DEVICES, HAS_CUDA, INTERPRET
+from . import reference
+from .helpers import DEVICES, HAS_CUDA, INTERPRET, submodule
 
 # fp32 lands near 1e-7 (a few roundings per element); bf16/fp16 outputs are rounded to 8/11 bits.
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -21,20 +20,20 @@ HEAD_DIMS = [72, 80, 128]
 
 
 def _inputs(S, HQ, D, dtype, device, gen, HK=None):
-    x = suite.make_inputs(S, HQ, D, HK=HK, dtype=dtype, device=device, generator=gen)
+    x = reference.make_inputs(S, HQ, D, HK=HK, dtype=dtype, device=device, generator=gen)
     return x["grad_q_embed"], x["grad_k_embed"], x["q"], x["k"], x["embeddings"]
 
 
 def _ref_vision(q, k, cos, sin, gq, gk):
     """float64 autograd of transformers' apply_rotary_pos_emb_vision (math in float64)."""
     leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, cos, sin)]
-    outs = suite.reference_vision_forward(*leaves)
+    outs = reference.reference_vision_forward(*leaves)
     grads = torch.autograd.grad(outs, leaves, [g.detach().cpu().double() for g in (gq, gk)])
     return [o.detach() for o in outs], grads
 
 
 def _close(out, ref, dtype, what):
-    err = suite.rel_err(out, ref)
+    err = reference.rel_err(out, ref)
     assert err <= TOL[dtype], f"{what}: rel err {err:.2e} > {TOL[dtype]:.0e}"
 
 
@@ -48,14 +47,14 @@ def _poisoned(t):
 @pytest.mark.parametrize("D", HEAD_DIMS)
 def test_rope_bwd_and_fwd(kernel, device, dtype, D, gen):
     gq, gk, q, k, e = _inputs(37, 4, D, dtype, device, gen, HK=3)
-    ref = suite.reference_backward(gq, gk, q, k, e)
+    ref = reference.reference_backward(gq, gk, q, k, e)
     for out in (kernel.rope_bwd(gq, gk, q, k, e),
                 kernel.rope_bwd(gq, gk, q, k, e, out=tuple(map(_poisoned, (q, k, e))))):
         for o, r, name in zip(out, ref, ("grad_q", "grad_k", "grad_embeddings")):
             assert o.dtype == (e.dtype if name == "grad_embeddings" else dtype) and o.device.type == device
             # the table gradient is fp32 math on exactly widened inputs: fp32 accuracy whatever q's dtype
             _close(o, r, torch.float32 if name == "grad_embeddings" else dtype, name)
-    fwd_ref = suite.reference_forward(*(t.cpu().double() for t in (q, k, e)))
+    fwd_ref = reference.reference_forward(*(t.cpu().double() for t in (q, k, e)))
     for o, r in zip(kernel.rope_fwd(q, k, e), fwd_ref):
         assert o.dtype == dtype
         _close(o, r, dtype, "rope_fwd")
@@ -69,8 +68,8 @@ def test_apply_rotary_emb_autograd(kernel, device, dtype, D, gen):
     qq, kk, ee = (t.clone().requires_grad_() for t in (q, k, e))
     outs = kernel.apply_rotary_emb(qq, kk, ee)
     torch.autograd.backward(outs, (gq, gk))
-    ref = suite.reference_backward(gq, gk, q, k, e)
-    fwd_ref = suite.reference_forward(*(t.cpu().double() for t in (q, k, e)))
+    ref = reference.reference_backward(gq, gk, q, k, e)
+    fwd_ref = reference.reference_forward(*(t.cpu().double() for t in (q, k, e)))
     for o, r in zip(outs, fwd_ref):
         _close(o, r, dtype, "forward")
     for g, r, name in zip((qq.grad, kk.grad, ee.grad), ref, "qke"):
@@ -115,7 +114,7 @@ def test_partial_gradients(kernel, device, which, gen):
     gq, gk, q, k, e = _inputs(19, 3, 80, torch.float32, device, gen, HK=2)
     leaves = [t.clone().requires_grad_(n in which) for t, n in zip((q, k, e), "qke")]
     torch.autograd.backward(kernel.apply_rotary_emb(*leaves), (gq, gk))
-    ref = suite.reference_backward(gq, gk, q, k, e)
+    ref = reference.reference_backward(gq, gk, q, k, e)
     for leaf, r, n in zip(leaves, ref, "qke"):
         if n in which:
             _close(leaf.grad, r, torch.float32, f"grad {n}")
@@ -154,7 +153,7 @@ def _launch_and_check(rt, mode, cfg, gq, gk, q, k, e, offset=0):
         return torch.full((t.numel() + offset,), float("nan"), dtype=t.dtype, device=t.device)[offset:].view(t.shape)
 
     dq, dk, de = poisoned(q), poisoned(k), poisoned(e)
-    ref = suite.reference_backward(gq, gk, q, k, e)
+    ref = reference.reference_backward(gq, gk, q, k, e)
     if mode == "bwd":
         rt.launch_bwd(gq, gk, e, None, dq=dq, dk=dk, q=q, k=k, dtable=de, config=cfg)
         for o, r, name in zip((dq, dk, de), ref, ("dq", "dk", "de")):
@@ -169,7 +168,7 @@ def _launch_and_check(rt, mode, cfg, gq, gk, q, k, e, offset=0):
         assert dk.isnan().all(), "k side written though not asked for"
     else:
         rt.launch_fwd(q, k, e, None, dq, dk, config=cfg)
-        for o, r in zip((dq, dk), suite.reference_forward(*(t.cpu().double() for t in (q, k, e)))):
+        for o, r in zip((dq, dk), reference.reference_forward(*(t.cpu().double() for t in (q, k, e)))):
             _close(o, r, dtype, f"fwd{what}")
 
 
@@ -187,14 +186,14 @@ def test_gradcheck_torch_path(kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("S", suite.SEQ_LENS)
+@pytest.mark.parametrize("S", reference.SEQ_LENS)
 def test_suite_workloads_gpu(kernel, S, gen):
     """The 16 public workloads (fp32, H=16, D=128): our tolerance and the benchmark's pass rule."""
-    gq, gk, q, k, e = _inputs(S, suite.HEADS, suite.HEAD_DIM, torch.float32, "cuda", gen)
+    gq, gk, q, k, e = _inputs(S, reference.HEADS, reference.HEAD_DIM, torch.float32, "cuda", gen)
     out = kernel.rope_bwd(gq, gk, q, k, e, out=tuple(map(_poisoned, (q, k, e))))
-    for o, r in zip(out, suite.reference_backward(gq, gk, q, k, e)):
+    for o, r in zip(out, reference.reference_backward(gq, gk, q, k, e)):
         _close(o, r, torch.float32, f"S={S}")
-        assert suite.sol_pass_fraction(o, r) == 1.0
+        assert reference.sol_pass_fraction(o, r) == 1.0
 
 
 @pytest.mark.gpu
@@ -226,7 +225,7 @@ def test_cuda_matches_cpu_path(kernel, gen):
     cpu = kernel.rope_bwd(gq, gk, q, k, e)
     gpu = kernel.rope_bwd(*(t.cuda() for t in (gq, gk, q, k, e)))
     for a, b in zip(cpu, gpu):
-        assert suite.rel_err(b, a) < 1e-6
+        assert reference.rel_err(b, a) < 1e-6
 
 
 @pytest.mark.kernels_ci

@@ -14,9 +14,9 @@ rounding of the output itself (2^-8, 2^-11)."""
 import pytest
 import torch
 
-from rope_bwd_triton import suite
+from .reference import reference_backward, reference_forward, reference_vision_forward, rel_err
 
-from conftest import DEVICES
+from .helpers import DEVICES
 
 FUNCS = ["rope_bwd", "rope_fwd", "apply_rotary_emb", "apply_rotary_pos_emb_vision"]
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -64,11 +64,11 @@ def reference(fn, args):
     """float64: the outputs fn returns, then (autograd functions) the gradients of q, k and the table."""
     a = {n: t.detach().cpu().double() for n, t in args.items()}
     if fn == "rope_bwd":
-        return list(suite.reference_backward(*a.values()))
+        return list(reference_backward(*a.values()))
     if fn == "rope_fwd":
-        return list(suite.reference_forward(a["q"], a["k"], a["embeddings"]))
+        return list(reference_forward(a["q"], a["k"], a["embeddings"]))
     leaves = [a[n].requires_grad_() for n in ("q", "k", *TABLES[fn])]
-    forward = suite.reference_forward if fn == "apply_rotary_emb" else suite.reference_vision_forward
+    forward = reference_forward if fn == "apply_rotary_emb" else reference_vision_forward
     outs = forward(*leaves)
     grads = torch.autograd.grad(outs, leaves, [a["grad_q_embed"], a["grad_k_embed"]])
     return [o.detach() for o in outs] + list(grads)
@@ -104,7 +104,7 @@ def assert_close(got, ref, *, what=""):
         assert torch.equal(g64.isinf(), r.isinf()), f"{what} result {i}: inf positions differ from the reference"
         assert torch.equal(g64[r.isinf()], r[r.isinf()]), f"{what} result {i}: inf signs differ"
         fin = r.isfinite()
-        err = suite.rel_err(g64[fin], r[fin])
+        err = rel_err(g64[fin], r[fin])
         assert err <= TOL[g.dtype], f"{what} result {i} ({g.dtype}): rel err {err:.3g}"
 
 
@@ -199,8 +199,8 @@ def test_real_model_pattern_gradient_reaches_qkv(kernel, gen, device):
     gq, gk = (rnd(gen, S, H, D).to(device=device, dtype=torch.bfloat16) for _ in range(2))
     outs = kernel.apply_rotary_pos_emb_vision(q, k, emb.cos(), emb.sin())
     torch.autograd.backward(outs, [gq, gk])
-    dq, dk, _ = suite.reference_backward(gq, gk, q, k, emb)
+    dq, dk, _ = reference_backward(gq, gk, q, k, emb)
     grad = qkv.grad.reshape(S, 3, H, D)
-    assert suite.rel_err(grad[:, 0], dq) <= TOL[torch.bfloat16]
-    assert suite.rel_err(grad[:, 1], dk) <= TOL[torch.bfloat16]
+    assert rel_err(grad[:, 0], dq) <= TOL[torch.bfloat16]
+    assert rel_err(grad[:, 1], dk) <= TOL[torch.bfloat16]
     assert not grad[:, 2].any()

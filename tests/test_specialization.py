@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from rope_bwd_triton import suite
+from . import reference
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # 25 sizes: 1, odd, even, multiples of 16, each tuning bucket, past 65536; then 24 new ones
@@ -93,13 +93,13 @@ def _call(kernel, mode, q, k, grads, e, cos, sin):
 def _check(mode, got, q, k, grads, e, cos, sin, dtype):
     tol = 2e-6 if dtype == torch.float32 else 1e-2
     if mode == "rope_bwd":
-        refs = suite.reference_backward(*grads, q, k, e)
+        refs = reference.reference_backward(*grads, q, k, e)
     else:
         leaves = [t.detach().double().requires_grad_() for t in (q, k, cos, sin)]
-        outs = suite.reference_vision_forward(*leaves)
+        outs = reference.reference_vision_forward(*leaves)
         refs = outs if mode == "fwd" else torch.autograd.grad(outs, leaves, [g.double() for g in grads])
     for g, r in zip(got, refs):
-        assert suite.rel_err(g, r) <= (2e-6 if g.dtype == torch.float32 else tol)
+        assert reference.rel_err(g, r) <= (2e-6 if g.dtype == torch.float32 else tol)
 
 
 CASES = [  # (layout, tables, mode, dtype, heads, head_dim)
@@ -210,10 +210,10 @@ def test_sdpa_layout_compiles_once_per_bucket_gpu(kernel, gen, rotary_compiles):
             rows = torch.randint(S, (256,), generator=gen).cuda()
             q, k, _ = x.detach().view(S, 3, H, D).unbind(1)
             leaves = [t[rows].double().requires_grad_() for t in (q, k)]
-            outs = suite.reference_vision_forward(*leaves, cos[rows].double(), sin[rows].double())
+            outs = reference.reference_vision_forward(*leaves, cos[rows].double(), sin[rows].double())
             refs = torch.autograd.grad(outs, leaves, [seen[n][rows].double() for n in "qk"])
             for got, ref in zip(dx.view(S, 3, H, D).unbind(1), refs):
-                assert suite.rel_err(got[rows], ref) <= 1e-2
+                assert reference.rel_err(got[rows], ref) <= 1e-2
         if sizes is SIZES:
             assert 2 <= len(rotary_compiles) <= 2 * MAX_KERNELS  # forward and backward kernels
         else:
@@ -252,7 +252,7 @@ def test_compile_dynamic_new_sizes_recompile_nothing(kernel, gen, device, rotary
             out = f(h, e.cos(), e.sin())
             results.append([out, *torch.autograd.grad(out, [h, *module.parameters()], w)])
         for got, want in zip(*results):
-            assert suite.rel_err(got, want) <= 1e-5
+            assert reference.rel_err(got, want) <= 1e-5
         if i == 0:
             first = len(rotary_compiles_if_cuda)
     assert counter.frame_count == 1
@@ -302,7 +302,7 @@ def test_compile_reads_sdpa_gradient_in_place_gpu(kernel, gen, rotary_compiles):
             out = f(x, e.cos(), e.sin())
             results.append((out, *torch.autograd.grad(out, x, w)))
         for got, want in zip(*results):
-            assert suite.rel_err(got, want) <= 1e-6
+            assert reference.rel_err(got, want) <= 1e-6
         if i == 0:
             first = len(rotary_compiles)
     assert counter.frame_count == 1

@@ -31,6 +31,7 @@ itself needs only torch.
 
 import importlib
 import inspect
+import os
 
 LAYER_NAME = "ApplyRotaryPosEmbVision"
 REPO_ID = "rope-bwd/rope-bwd"
@@ -122,13 +123,32 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
     layer "ApplyRotaryPosEmbVision" of `repo_id` for CUDA and CPU, in every mode
     (it has a backward and compiles without graph breaks).
 
+    When LOCAL_KERNELS names `repo_id` (a checkout, or hub CI's build), the layer comes
+    from there through kernels' LocalLayerRepository, as get_kernel's lookup does: a
+    LayerRepository would resolve `version` on the Hub first. Otherwise, with
+    HF_HUB_OFFLINE=1, kernels resolves `version` from its cache.
+
     trust_remote_code defaults to True because this code already comes from that
     repository; pass False (or a list) to have kernels check the publisher again."""
-    from kernels import LayerRepository, Mode
+    from kernels import LayerRepository, LocalLayerRepository, Mode
 
-    repo = LayerRepository(repo_id, layer_name=LAYER_NAME, version=version, trust_remote_code=trust_remote_code)
+    local = _local_kernel_path(repo_id)
+    if local is not None:
+        repo = LocalLayerRepository(local, layer_name=LAYER_NAME)
+    else:
+        repo = LayerRepository(repo_id, layer_name=LAYER_NAME, version=version, trust_remote_code=trust_remote_code)
     modes = [Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING | Mode.TORCH_COMPILE]
     return {LAYER_NAME: {device: {mode: repo for mode in modes} for device in ("cuda", "cpu")}}
+
+
+def _local_kernel_path(repo_id: str):
+    """Where LOCAL_KERNELS points `repo_id`, or None; read by the parser get_kernel uses."""
+    spec = os.environ.get("LOCAL_KERNELS")
+    if not spec:
+        return None
+    from kernels.load import _parse_local_kernel_overrides
+
+    return _parse_local_kernel_overrides(spec).get(repo_id)
 
 
 def _families_in(model) -> list:

@@ -6,9 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "copy_bound.py"
+from rope_bwd_triton import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "benchmarks" / "copy_bound.py"
 TASKS = {"bwd", "bwd_qk", "bwd_bf16", "fwd", "fwd_bf16"}
 
 

@@ -7,11 +7,12 @@ import importlib.util
 import io
 import json
 import random
-from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).parents[1] / "benchmarks" / "ncu_profile.py"
+from rope_bwd_triton import REPO_ROOT
+
+PATH = REPO_ROOT / "benchmarks" / "ncu_profile.py"
 spec = importlib.util.spec_from_file_location("ncu_profile", PATH)
 ncu_profile = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ncu_profile)

@@ -15,7 +15,7 @@ VARIANTS = ("eager", "kernelized", "identity")
 def _quick_e2e(tmp_path, *flags):
     """`e2e --quick` in a fresh process, the kernel loaded offline from a Hub cache:
     (its environment, output folder, e2e.json)."""
-    publish.install_build(tmp_path / "cache")
+    publish.install_build(tmp_path / "cache")  # both branches; get_kernel reads v1
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "TRITON_INTERPRET")}
     env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"), HF_HUB_CACHE=str(tmp_path / "hub"))
     out = tmp_path / "out"

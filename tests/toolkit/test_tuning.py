@@ -47,7 +47,6 @@ def test_symbolic_seq_len_picks_the_config_of_its_hint_without_a_guard(kernel):
     assert kernel.ops._size_hint(env.create_unbacked_symint()) == 4096  # data-dependent: no hint
 
 
-@pytest.mark.kernels_ci
 def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
     S, H, D = 2213, 16, 128
     tuned = {"BLOCK_S": 2, "BLOCK_D": 16, "BLOCK_R": 4, "num_warps": 2}
@@ -75,7 +74,6 @@ def test_one_config_per_bucket(tuning, mode, elem):
     assert configs["S256"] == {tuple(tuning.default_config(mode, 256, 32, 72, elem, 132).items())}
 
 
-@pytest.mark.kernels_ci
 @pytest.mark.parametrize("case", ["unknown GPU", "unknown bucket"])
 def test_falls_back_to_default_config(tuning, tmp_path, case):
     S, H, D = 1024, 16, 72
@@ -86,7 +84,6 @@ def test_falls_back_to_default_config(tuning, tmp_path, case):
     assert cfg == tuning.default_config("bwd", tuning.bucket_size(tuning.s_bucket(S)), 2 * H, D, 4, 132)
 
 
-@pytest.mark.kernels_ci
 @pytest.mark.parametrize("n_sm", [132, 8])
 @pytest.mark.parametrize("R", [2, 17, 32, 130])
 @pytest.mark.parametrize("D", [2, 16, 72, 80, 128, 256])
@@ -108,7 +105,6 @@ def test_default_config_is_valid_and_fills_the_gpu(kernel, mode, S, R, D, n_sm, 
     assert tune.candidate_ok(cfg)  # no tile larger than the tuner would try
 
 
-@pytest.mark.kernels_ci
 def test_shipped_configs_are_valid_and_ship_in_the_build(kernel):
     source = REPO_ROOT / "torch-ext" / "rope_bwd" / "configs"
     shipped = kernel.tuning.CONFIG_DIR
@@ -124,7 +120,6 @@ def test_shipped_configs_are_valid_and_ship_in_the_build(kernel):
             assert tune.candidate_ok(cfg), (path.name, key)  # the tuner would try it again
 
 
-@pytest.mark.kernels_ci
 def test_tune_candidates_and_merge(tmp_path):
     assert tune.block_d_values(128) == [8, 16, 32, 64]
     assert tune.block_d_values(72) == [8, 16, 32, 64]

@@ -1,0 +1,45 @@
+"""What package tests share besides the reference math: the kernel's repo-id, the
+devices to run on, and what torch.compile'd code runs of ours."""
+
+import contextlib
+import importlib
+import os
+import tomllib
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent  # holds build.toml, torch-ext/ and tests/
+REPO_ID = tomllib.loads((ROOT / "build.toml").read_text())["general"]["hub"]["repo-id"]
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+def submodule(kernel, name: str):
+    """A module of the loaded variant that its __init__ does not import (e.g. rotary_triton)."""
+    return importlib.import_module(f"{kernel.__name__}.{name}")
+
+
+def compiled_calls(kernel, code: str) -> set:
+    """What the compiled code runs of ours: "kernel" (rotary_kernel launched by inductor),
+    the names of our ops it calls."""
+    ns = kernel._ops.add_op_namespace_prefix("").removesuffix("::")
+    names = {"rotary_fwd", "rotary_bwd", "rotary_fwd_opaque", "rotary_bwd_opaque"}
+    calls = {n for n in names if f"torch.ops.{ns}.{n}.default(" in code}
+    return calls | ({"kernel"} if "rotary_kernel" in code else set())
+
+
+@contextlib.contextmanager
+def generated_code():
+    """The code inductor generates inside the block (as run_and_get_code, minus its
+    dynamo reset); compiled graphs are not taken from the on-disk caches, which skip codegen."""
+    from torch._inductor.graph import GraphLowering
+
+    code = []
+    with mock.patch.object(GraphLowering, "save_output_code", code.append), \
+            torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield code
