@@ -2,10 +2,13 @@
 # The tests, on a fresh machine too: sets up .venv, runs the whole suite (CPU
 # tensors through the PyTorch path; CUDA tests when a GPU is present), then the
 # kernel-correctness files again with TRITON_INTERPRET=1, so that the Triton
-# kernels themselves run in Triton's interpreter on CPU tensors.
+# kernels themselves run in Triton's interpreter on CPU tensors; then hub CI's test
+# step in its own environment (scripts/hub-ci.sh) and the workflows' lint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=.venv/bin/python
 $PY -m pytest -q "$@"
 TRITON_INTERPRET=1 $PY -m pytest -q tests/test_ops.py tests/test_special_values.py tests/test_bad_input.py tests/test_specialization.py "$@"
+bash scripts/hub-ci.sh
+bash scripts/lint-workflows.sh
