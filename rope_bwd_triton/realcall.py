@@ -95,11 +95,12 @@ def _transformers_fn():
     return importlib.import_module(f"transformers.models.{family}.modeling_{family}").apply_rotary_pos_emb_vision
 
 
-def implementations(kernel, kernel_b, peers):
-    """name -> (label, fn(q, k, cos, sin) -> (q_embed, k_embed)) of the implementations to time."""
+def implementations(kernel, others, peers):
+    """name -> (label, fn(q, k, cos, sin) -> (q_embed, k_embed)) of the implementations to time;
+    `others`: other builds of ours (A/B), named ab, ab2, ..."""
     impls = {"ours": ("ours", kernel.apply_rotary_pos_emb_vision)}
-    if kernel_b is not None:
-        impls["ab"] = (f"A/B: {kernel_b.__name__}", kernel_b.apply_rotary_pos_emb_vision)
+    for i, other in enumerate(others):
+        impls["ab" if i == 0 else f"ab{i + 1}"] = (f"A/B: {other.__name__}", other.apply_rotary_pos_emb_vision)
     if "compile" in peers:
         from .peers import compiled
 
@@ -142,13 +143,13 @@ def measure(args) -> dict:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kernel = load_kernel()
-    kernel_b = load_other(args.ab) if args.ab else None
+    others = [load_other(path) for path in args.ab or ()]
     timer = ColdL2Timer(device, calls=args.calls, primary="span" if device.type == "cuda" else "events")
-    impls = implementations(kernel, kernel_b, set(args.peers))
+    impls = implementations(kernel, others, set(args.peers))
     workloads = [(dt, D, lay, S) for dt in args.dtypes for D in args.head_dims for lay in args.layouts
                  for S in args.seq_lens]
     meta = run_meta(kernel, timer, args.calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
-    meta.update(heads=args.heads, ab=str(args.ab) if args.ab else None)
+    meta.update(heads=args.heads, ab=[str(p) for p in args.ab or ()])
     rows_out = []
     n_runs = len(workloads) * (len(impls) + ("copy" in args.peers))
     with tqdm(total=n_runs, desc="realcall", unit="run", file=sys.stderr) as bar:
@@ -258,7 +259,8 @@ def add_arguments(parser):
                         help="upstream gradient: sdpa's [1, H, S, D] transposed, or flash-attention's [S, H, D]")
     parser.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p], default=list(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)}")
-    parser.add_argument("--ab", type=Path, help="also time another build of ours: a checkout with build/")
+    parser.add_argument("--ab", type=Path, nargs="+",
+                        help="also time other builds of ours: checkouts with build/ (A/B in one process)")
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--verify-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
@@ -286,5 +288,5 @@ def main(args) -> int:
     print(text)
     print(f"wrote {args.json}, {args.markdown} and {args.plot}")
     failed = [r for w in run["workloads"] for n, r in w["results"].items()
-              if n in ("ours", "ab") and ("error" in r or not r["verify"]["ok"])]
+              if (n == "ours" or n.startswith("ab")) and ("error" in r or not r["verify"]["ok"])]
     return 1 if failed else 0

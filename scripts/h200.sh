@@ -46,7 +46,7 @@ for stage in "$@"; do
     tests) python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
     ab)    python3 -m rope_bwd_triton bench --set suite --peers "" --ab "${AB:-.ab/base}" \
                --json "$OUT/ab-suite.json" --markdown "$OUT/ab-suite.md" --plot "$OUT/ab-suite.png" | tail -30 &&
-           python3 -m rope_bwd_triton realcall --seq-lens 1024 4096 16384 --peers copy --ab "${AB:-.ab/base}" \
+           python3 -m rope_bwd_triton realcall --seq-lens 1024 4096 16384 --peers copy --ab ${AB:-.ab/base} \
                --json "$OUT/ab-realcall.json" --markdown "$OUT/ab-realcall.md" --plot "$OUT/ab-realcall.png" ;;
     realcall) python3 -m rope_bwd_triton realcall ${REALCALL_ARGS:-} --json "$OUT/realcall.json" \
                --markdown "$OUT/realcall.md" --plot "$OUT/realcall.png" ;;
