@@ -286,10 +286,19 @@ def _direct(kernel):
 
     def launch(grid, device, args):
         stream = current_stream(device)
-        run(grid[0], grid[1], 1, stream, function, packed, launch_metadata(grid, stream, *args),
-            runtime.launch_enter_hook, runtime.launch_exit_hook, *args)
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if _hooked(enter) or _hooked(leave):
+            run(grid[0], grid[1], 1, stream, function, packed, launch_metadata(grid, stream, *args), enter, leave,
+                *args)
+        else:  # Triton's hooks are empty chains by default: calling them costs host time for nothing
+            run(grid[0], grid[1], 1, stream, function, packed, None, None, None, *args)
 
     return launch
+
+
+def _hooked(hook):
+    """Whether a launch hook would do something: set, and not an empty HookChain."""
+    return hook is not None and getattr(hook, "calls", True) != []
 
 
 def _fall_back(error):
