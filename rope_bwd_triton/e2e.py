@@ -383,11 +383,13 @@ def main(args) -> int:
         return 0
     if args.varres:
         args.out.mkdir(parents=True, exist_ok=True)
-        report = varres.run(args)
-        md = varres.markdown(report)
-        (args.out / "e2e-varres.json").write_text(json.dumps(report, indent=1) + "\n")
-        (args.out / "e2e-varres.md").write_text(md)
-        print(md)
+
+        def save(report):
+            (args.out / "e2e-varres.json").write_text(json.dumps(report, indent=1) + "\n")
+            (args.out / "e2e-varres.md").write_text(varres.markdown(report))
+
+        report = varres.run(args, save)
+        print(varres.markdown(report))
         return 1 if any("error" in r for r in report["runs"]) else 0
     if args.from_json:  # printing a saved run needs none of the imports below
         saved = json.loads(args.from_json.read_text())

@@ -63,7 +63,7 @@ def new_size_us(fn, make, sizes):
 
 
 def add_arguments(parser):
-    pass
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows (they compile first)")
 
 
 def main(args=None):
@@ -123,16 +123,20 @@ def main(args=None):
                                                                                grad_sdpa),
         "ours forward + backward (custom op autograd, as traced)": fwd_bwd(ops.rotary_fwd),
         "transformers forward + backward": fwd_bwd(modeling.apply_rotary_pos_emb_vision),
-        "ours forward + backward, torch.compile'd": fwd_bwd(torch.compile(rope.apply_rotary_pos_emb_vision)),
-        "transformers forward + backward, torch.compile'd": fwd_bwd(torch.compile(modeling.apply_rotary_pos_emb_vision)),
-        "ours forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(rope.apply_rotary_pos_emb_vision),
-        "transformers forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(
-            modeling.apply_rotary_pos_emb_vision),
         "identity (q, k) forward + backward": fwd_bwd(lambda q, k, cos, sin: (q, k)),
         "q * 1, k * 1 forward + backward (two aten kernels each way)": fwd_bwd(lambda q, k, cos, sin: (q * 1, k * 1)),
         "same in a Python autograd.Function (its cost over C++ nodes)": fwd_bwd(_Times1.apply),
         "one aten mul (for scale)": lambda: q * 2,
     }
+    if not (args and args.no_compile):
+        rows.update({
+            "ours forward + backward, torch.compile'd": fwd_bwd(torch.compile(rope.apply_rotary_pos_emb_vision)),
+            "transformers forward + backward, torch.compile'd": fwd_bwd(
+                torch.compile(modeling.apply_rotary_pos_emb_vision)),
+            "ours forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(rope.apply_rotary_pos_emb_vision),
+            "transformers forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(
+                modeling.apply_rotary_pos_emb_vision),
+        })
     print(f"host us per call: S={S}, {H} heads of {D}, bf16, q/k views of qkv; {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}, triton {triton.__version__}")
     print("  median    best")

@@ -77,16 +77,9 @@ def child(variant, sides, repo_id, config) -> dict:
     return {"variant": variant, "passes": passes, "tokens": [s * s for s in sides]}
 
 
-def run(args) -> dict:
-    """Every variant in its own fresh process; {"meta", "runs"}."""
-    from datetime import datetime, timezone
-
-    import torch
-    import transformers
-    import triton
-
-    from . import e2e
-
+def run(args, save=None) -> dict:
+    """Every variant in its own fresh process; {"meta", "runs"}. save(report) after each
+    variant, so that a run stopped midway keeps what it measured."""
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
@@ -104,12 +97,26 @@ def run(args) -> dict:
                 runs.append({"variant": variant, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]})
             else:
                 runs.append(json.loads(result.read_text()))
+            if save:
+                save({"meta": _meta(args), "runs": runs})
+    return {"meta": _meta(args), "runs": runs}
+
+
+def _meta(args) -> dict:
+    from datetime import datetime, timezone
+
+    import torch
+    import transformers
+    import triton
+
+    from . import e2e
+
     config = e2e.QUICK_OMNI if args.quick else {**e2e.REAL_OMNI, "depth": args.depth}
-    meta = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (code-path check only)", "torch": torch.__version__, "triton": triton.__version__,
-            "transformers": transformers.__version__, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (code-path check only)",
+            "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "model": ", ".join(f"{k} {v}" for k, v in config.items()) + ", bf16, sdpa, one image per step",
             "command": "python -m rope_bwd_triton " + " ".join(sys.argv[1:])}
-    return {"meta": meta, "runs": runs}
 
 
 def markdown(report) -> str:

@@ -57,7 +57,7 @@ for stage in "$@"; do
            HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e ${E2E_ARGS:---rounds 10 --iters 50 --profile} --out "$OUT" ;;
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
-    host)  python3 -m rope_bwd_triton host | tee "$OUT/host.txt" ;;
+    host)  python3 -m rope_bwd_triton host ${HOST_ARGS:-} | tee "$OUT/host.txt" ;;
     copybound) python3 benchmarks/copy_bound.py --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
            ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 benchmarks/ncu_profile.py metrics)" \

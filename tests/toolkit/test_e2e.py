@@ -102,3 +102,24 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     assert {k: len(v) for k, v in steps.items()} == {"a": 6, "b": 6, "c": 6}
     report = e2e.summarize({7: {k: {"steps": v} for k, v in steps.items()}}, rounds=3)
     assert report["round_medians_ms"][7]["a"] == [1.0, 1.0, 1.0] and "profile" not in report
+
+
+def test_varres_quick(tmp_path):
+    """`e2e --varres --quick`: each variant in its own fresh process, two passes over images of
+    varying size, on the CPU (a code-path check)."""
+    publish.install_build(tmp_path / "cache")
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "TRITON_INTERPRET")}
+    env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"), HF_HUB_CACHE=str(tmp_path / "hub"))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rope_bwd_triton", "e2e", "--varres", "--quick", "--varres-sides", "4", "6",
+         "--variants", "eager,kernelized", "--out", str(out)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "e2e-varres.json").read_text())
+    assert [r["variant"] for r in report["runs"]] == ["eager", "kernelized"]
+    for r in report["runs"]:
+        assert r["tokens"] == [16, 36] and len(r["passes"]) == 2
+        assert all(len(p) == 2 and all(ms > 0 for ms in p) for p in r["passes"])
+    assert "| kernelized |" in (out / "e2e-varres.md").read_text()
