@@ -36,7 +36,7 @@ from torch.autograd import forward_ad
 
 from . import derivatives, rotary_torch, tuning
 from ._ops import add_op_namespace_prefix
-from .validation import check_inputs, check_out
+from .validation import check_inputs, check_out, check_out_memory
 
 
 def _use_triton(q: Tensor, k: Tensor, table: Tensor) -> bool:
@@ -195,6 +195,10 @@ def rope_bwd_out(
     grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor,
     grad_q: Tensor, grad_k: Tensor, grad_embeddings: Tensor,
 ) -> None:
+    check_out_memory(
+        "rope_bwd", [("grad_q", grad_q), ("grad_k", grad_k), ("grad_embeddings", grad_embeddings)],
+        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k), ("embeddings", embeddings)],
+    )
     if not _use_triton(q, k, embeddings):
         dq, dk, de, _ = rotary_torch.backward(grad_q_embed, grad_k_embed, q, k, embeddings)
         grad_q.copy_(dq)
@@ -398,8 +402,6 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
         fn, out,
         [("grad_q", q.shape, q.dtype, q.device), ("grad_k", k.shape, k.dtype, k.device),
          ("grad_embeddings", embeddings.shape, embeddings.dtype, embeddings.device)],
-        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k),
-         ("embeddings", embeddings)],
     )
     rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out)
     return tuple(out)

@@ -104,9 +104,9 @@ def _overlap(a, b):
     return rem != 0 or _self_overlapping((2, *a.shape), (step, *a.stride()))
 
 
-def check_out(fn, out, expected, inputs):
-    """out: the caller's output tensors; expected: [(name, shape, dtype, device)];
-    inputs: [(name, tensor)] that no output may overlap."""
+def check_out(fn, out, expected):
+    """out: the caller's output tensors; expected: [(name, shape, dtype, device)]. Where they
+    sit in memory is checked by check_out_memory, when the op runs."""
     if not isinstance(out, (tuple, list)) or len(out) != len(expected):
         raise TypeError(f"{fn}: out must be a tuple of {len(expected)} tensors ({', '.join(e[0] for e in expected)})")
     for t, (name, shape, dtype, device) in zip(out, expected):
@@ -117,19 +117,32 @@ def check_out(fn, out, expected, inputs):
         if t.dtype != dtype:
             raise TypeError(f"{fn}: {where} must have dtype {dtype}, got {t.dtype}")
         _same(fn, where, t.device, device, "device")
+        # Traced, strides may be symbolic (no sorting them): an expanded dimension is the
+        # layout whose elements share memory that a trace can see; the op checks the rest.
+        if torch.compiler.is_compiling() and any(st == 0 and n != 1 for n, st in zip(t.shape, t.stride())):
+            _raise_self_overlapping(fn, name, t)
+
+
+def _raise_self_overlapping(fn, name, t):
+    raise ValueError(
+        f"{fn}: out[{name}] has elements that share memory (strides {t.stride()}, e.g. an expanded "
+        "tensor); each output element needs its own memory"
+    )
+
+
+def check_out_memory(fn, out, inputs):
+    """out: [(name, tensor)] the op writes; inputs: [(name, tensor)] that no output may overlap.
+    Called in the op's implementation, which always runs on real tensors: under torch.compile
+    too (strides may be symbolic and addresses do not exist while it traces), before anything
+    is written."""
+    for name, t in out:
         if _self_overlapping(t.shape, t.stride()):
-            raise ValueError(
-                f"{fn}: {where} has elements that share memory (strides {t.stride()}, e.g. an expanded "
-                "tensor); each output element needs its own memory"
-            )
-    # Addresses do not exist while torch.compile traces (fake tensors); eager calls check them.
-    if torch.compiler.is_compiling():
-        return
-    for t, (name, *_) in zip(out, expected):
+            _raise_self_overlapping(fn, name, t)
+    for name, t in out:
         for in_name, x in inputs:
             if _overlap(t, x):
                 raise ValueError(f"{fn}: out[{name}] overlaps the input {in_name}; outputs must not alias inputs")
-    for i, (a, ea) in enumerate(zip(out, expected)):
-        for b, eb in list(zip(out, expected))[i + 1:]:
+    for i, (a_name, a) in enumerate(out):
+        for b_name, b in out[i + 1:]:
             if _overlap(a, b):
-                raise ValueError(f"{fn}: out[{ea[0]}] and out[{eb[0]}] overlap; each output needs its own memory")
+                raise ValueError(f"{fn}: out[{a_name}] and out[{b_name}] overlap; each output needs its own memory")
