@@ -36,7 +36,7 @@ from torch.autograd import forward_ad
 
 from . import derivatives, rotary_torch, tuning
 from ._ops import add_op_namespace_prefix
-from .validation import check_inputs, check_out, check_out_memory
+from .validation import check_inputs, check_out, check_out_autograd, check_out_memory
 
 
 def _use_triton(q: Tensor, k: Tensor, table: Tensor) -> bool:
@@ -364,20 +364,30 @@ def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
     """q_embed, k_embed = q*cos + rotate_half(q)*sin (same for k), cos/sin of `embeddings`.
 
     q [S, HQ, D], k [S, HK, D] (any strides), embeddings [S, D] angles.
-    Math in float32; outputs in the dtype of q / k."""
+
+    Dtypes (every public function): float32, bfloat16 and float16 run the kernel, math
+    in float32. float64 is accepted on every device and computed in float64 by the
+    PyTorch path (for gradcheck and references; the kernel computes in float32). q and
+    k may have different dtypes, as transformers allows: each result (output or
+    gradient) has the dtype of the tensor it belongs to. The table may have any of
+    these dtypes. Differentiable as apply_rotary_emb."""
     return _rotary_angles("rope_fwd", q, k, embeddings)
 
 
 def apply_rotary_emb(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
-    """rope_fwd for autograd users: differentiable in q, k and embeddings."""
+    """rope_fwd for autograd users: differentiable in q, k and embeddings, to any order
+    (create_graph=True: the backward is differentiable too), under torch.func transforms
+    (grad, vmap, jvp, hessian) and forward-mode AD. Gradients come in the dtype of
+    their tensor."""
     return _rotary_angles("apply_rotary_emb", q, k, embeddings)
 
 
 def apply_rotary_pos_emb_vision(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """transformers' vision rotary, same signature and dtype behaviour: q, k [S, H, D];
-    cos, sin [S, D]; math in float32, outputs in q's / k's dtype. Differentiable in
-    q, k, cos and sin; when cos/sin need no gradient the backward reads only the
-    upstream gradients and the table."""
+    cos, sin [S, D]; math in float32 (float64 for float64 q or k), each output in its
+    input's dtype, q and k may differ in dtype (see rope_fwd); cos and sin share one
+    dtype. Differentiable in q, k, cos and sin as apply_rotary_emb; when cos/sin need
+    no gradient the backward reads only the upstream gradients and the table."""
     check_inputs("apply_rotary_pos_emb_vision", [("q", q), ("k", k)], [("cos", cos), ("sin", sin)])
     return _rotary(q, k, cos, sin)
 
@@ -385,9 +395,17 @@ def apply_rotary_pos_emb_vision(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) 
 def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, out=None):
     """Backward of rope_fwd (SOL-ExecBench 019): (grad_q, grad_k, grad_embeddings).
 
-    grad_q_embed/q [S, HQ, D], grad_k_embed/k [S, HK, D], embeddings [S, D].
+    grad_q_embed/q [S, HQ, D], grad_k_embed/k [S, HK, D], embeddings [S, D]. Each
+    upstream gradient has the dtype of its tensor (grad_q_embed q's, grad_k_embed k's);
+    grad_q, grad_k and grad_embeddings come in the dtypes of q, k and embeddings (see
+    rope_fwd). Differentiable as apply_rotary_emb: it is linear in the upstream
+    gradients, bilinear in them and q/k or the table.
+
     out: optional (grad_q, grad_k, grad_embeddings) buffers to write instead of
-    allocating; they must not overlap the inputs or each other."""
+    allocating; they must not overlap the inputs or each other. As with torch's out=
+    functions the results written there are not differentiable: under grad mode a
+    buffer or input that requires grad (or carries a forward-mode tangent) is refused
+    with a ValueError; under torch.no_grad() it is accepted."""
     fn = "rope_bwd"
     check_inputs(
         fn, [("q", q), ("k", k)], [("embeddings", embeddings)],
@@ -402,6 +420,10 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
         fn, out,
         [("grad_q", q.shape, q.dtype, q.device), ("grad_k", k.shape, k.dtype, k.device),
          ("grad_embeddings", embeddings.shape, embeddings.dtype, embeddings.device)],
+    )
+    check_out_autograd(
+        fn, list(zip(("grad_q", "grad_k", "grad_embeddings"), out)),
+        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k), ("embeddings", embeddings)],
     )
     rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out)
     return tuple(out)

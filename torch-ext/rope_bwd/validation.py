@@ -5,18 +5,17 @@ was expected."""
 import functools
 
 import torch
+from torch.autograd import forward_ad
 
 MAX_HEAD_DIM = 256
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _tensor(fn, name, shape, dtype, device, ndim, layout):
+def _tensor(fn, name, shape, dtype, ndim, layout):
     if len(shape) != ndim:
         raise ValueError(f"{fn}: {name} must be a {ndim}-D tensor {layout}, got shape {tuple(shape)}")
     if dtype not in _FLOATS:
-        raise TypeError(f"{fn}: {name} must be float32, bfloat16 or float16, got {dtype}")
-    if dtype == torch.float64 and device.type != "cpu":
-        raise TypeError(f"{fn}: {name} is float64, which only the CPU path supports; use float32, bfloat16 or float16")
+        raise TypeError(f"{fn}: {name} must be float32, bfloat16, float16 or float64, got {dtype}")
 
 
 def _same(fn, name, got, want, what):
@@ -46,16 +45,16 @@ def check_inputs(fn, heads, tables, grads=()):
 @functools.lru_cache(maxsize=1024)
 def _check_meta(fn, heads, tables, grads):
     """check_inputs on (name, shape, dtype, device) of each tensor."""
-    for name, shape, dtype, device in heads + grads:
-        _tensor(fn, name, shape, dtype, device, 3, "[S, H, D]")
-    for name, shape, dtype, device in tables:
-        _tensor(fn, name, shape, dtype, device, 2, "[S, D]")
-    (qn, (S, _, D), q_dtype, q_device), (kn, k_shape, k_dtype, _) = heads
+    for name, shape, dtype, _ in heads + grads:
+        _tensor(fn, name, shape, dtype, 3, "[S, H, D]")
+    for name, shape, dtype, _ in tables:
+        _tensor(fn, name, shape, dtype, 2, "[S, D]")
+    (qn, (S, _, D), _, q_device), (kn, k_shape, _, _) = heads
     if D % 2 or not 0 < D <= MAX_HEAD_DIM:
         raise ValueError(f"{fn}: {qn} head_dim (last dimension) must be even and in 2..{MAX_HEAD_DIM}, got {D}")
     _same(fn, kn, (k_shape[0], k_shape[2]), (S, D), "(S, D) equal to q's")
-    # k against q before the gradients against k: a wrong k is named as such.
-    _same(fn, kn, k_dtype, q_dtype, f"the dtype of {qn}")
+    # q and k may differ in dtype (transformers casts each to float32 and back); a gradient
+    # comes in the dtype of its tensor, as autograd hands it over.
     for (name, shape, dtype, _), (of_name, of_shape, of_dtype, _) in zip(grads, heads):
         _same(fn, name, tuple(shape), tuple(of_shape), f"the shape of {of_name}")
         _same(fn, name, dtype, of_dtype, f"the dtype of {of_name}")
@@ -121,6 +120,28 @@ def check_out(fn, out, expected):
         # layout whose elements share memory that a trace can see; the op checks the rest.
         if torch.compiler.is_compiling() and any(st == 0 and n != 1 for n, st in zip(t.shape, t.stride())):
             _raise_self_overlapping(fn, name, t)
+
+
+def check_out_autograd(fn, out, inputs):
+    """out: [(name, tensor)] the caller's buffers; inputs: [(name, tensor)]. Results written
+    into out= are not differentiable (as with torch's out= functions), so a tensor that
+    requires grad under grad mode, or that carries a forward-mode tangent, is refused rather
+    than its gradient lost without a word; under torch.no_grad() both are accepted."""
+    named = [(f"out[{n}]", t) for n, t in out] + inputs
+    tensors = [t for _, t in named]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        name = next(n for n, t in named if t.requires_grad)
+        what = "requires grad"
+    elif not torch.compiler.is_compiling() and forward_ad._current_level >= 0 and any(
+            forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        name = next(n for n, t in named if forward_ad.unpack_dual(t).tangent is not None)
+        what = "carries a forward-mode tangent"
+    else:
+        return
+    raise ValueError(
+        f"{fn}: {name} {what}, but results written into out= are not differentiable; call {fn} "
+        "without out= for differentiable results, or under torch.no_grad()"
+    )
 
 
 def _raise_self_overlapping(fn, name, t):
