@@ -80,7 +80,6 @@ def test_tune_without_a_gpu_or_the_interpreter(capsys, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.kernels_ci
 def test_the_command_line_itself(tmp_path):
     """As a user runs it: status 2 and one line, no traceback."""
     proc = subprocess.run([sys.executable, "-m", "rope_bwd_triton", "demo", "--calls", "0", "--out", str(tmp_path / "o")],

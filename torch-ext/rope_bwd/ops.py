@@ -392,6 +392,10 @@ def apply_rotary_pos_emb_vision(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) 
     return _rotary(q, k, cos, sin)
 
 
+_OUT_AND_INPUTS = ("out[grad_q]", "out[grad_k]", "out[grad_embeddings]", "grad_q_embed", "grad_k_embed", "q", "k",
+                   "embeddings")
+
+
 def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, out=None):
     """Backward of rope_fwd (SOL-ExecBench 019): (grad_q, grad_k, grad_embeddings).
 
@@ -421,9 +425,6 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
         [("grad_q", q.shape, q.dtype, q.device), ("grad_k", k.shape, k.dtype, k.device),
          ("grad_embeddings", embeddings.shape, embeddings.dtype, embeddings.device)],
     )
-    check_out_autograd(
-        fn, list(zip(("grad_q", "grad_k", "grad_embeddings"), out)),
-        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k), ("embeddings", embeddings)],
-    )
+    check_out_autograd(fn, _OUT_AND_INPUTS, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))
     rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out)
     return tuple(out)

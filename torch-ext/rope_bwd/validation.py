@@ -122,19 +122,17 @@ def check_out(fn, out, expected):
             _raise_self_overlapping(fn, name, t)
 
 
-def check_out_autograd(fn, out, inputs):
-    """out: [(name, tensor)] the caller's buffers; inputs: [(name, tensor)]. Results written
+def check_out_autograd(fn, names, tensors):
+    """tensors: the out= buffers and the inputs of a call, names: theirs. Results written
     into out= are not differentiable (as with torch's out= functions), so a tensor that
     requires grad under grad mode, or that carries a forward-mode tangent, is refused rather
     than its gradient lost without a word; under torch.no_grad() both are accepted."""
-    named = [(f"out[{n}]", t) for n, t in out] + inputs
-    tensors = [t for _, t in named]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        name = next(n for n, t in named if t.requires_grad)
+        name = next(n for n, t in zip(names, tensors) if t.requires_grad)
         what = "requires grad"
     elif not torch.compiler.is_compiling() and forward_ad._current_level >= 0 and any(
             forward_ad.unpack_dual(t).tangent is not None for t in tensors):
-        name = next(n for n, t in named if forward_ad.unpack_dual(t).tangent is not None)
+        name = next(n for n, t in zip(names, tensors) if forward_ad.unpack_dual(t).tangent is not None)
         what = "carries a forward-mode tangent"
     else:
         return
