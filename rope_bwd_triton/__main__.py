@@ -1,9 +1,19 @@
 """`python -m rope_bwd_triton <command>`: each command lives in its own module,
-which defines add_arguments(parser) and main(args)."""
+which defines add_arguments(parser) and main(args). A bad argument is one line on
+stderr and exit status 2 (see cli.py)."""
 
 import argparse
 import importlib
 import sys
+
+from .cli import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # one line (argparse would print the usage first); status 2 as argparse
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
 
 COMMANDS = {
     "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
@@ -19,14 +29,17 @@ COMMANDS = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rope_bwd_triton", description=__doc__)
+    parser = _Parser(prog="python -m rope_bwd_triton", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, help_ in COMMANDS.items():
         modules[name] = importlib.import_module(f"rope_bwd_triton.{name}")
         modules[name].add_arguments(sub.add_parser(name, help=help_, description=help_))
     args = parser.parse_args(argv)
-    return modules[args.command].main(args) or 0
+    try:
+        return modules[args.command].main(args) or 0
+    except UsageError as e:
+        parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
 
 
 if __name__ == "__main__":

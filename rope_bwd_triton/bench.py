@@ -25,6 +25,7 @@ On a machine without CUDA it runs on the CPU to exercise the code path only
 mean nothing.
 """
 
+import argparse
 import json
 import os
 import platform
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import REPO_ROOT
+from . import REPO_ROOT, cli
 
 TASKS = {  # name: (description, suite.floor_bytes mode, dtype name)
     "bwd": ("full backward, fp32", "bwd", "float32"),
@@ -536,12 +537,11 @@ def render_markdown(runs, plot_path=None, md_path=None) -> str:
     return "\n".join(parts)
 
 
-def render_plot(runs, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def render_plot(runs, path) -> bool:
+    """Draws the plot; False where matplotlib is missing."""
+    plt = cli.pyplot("bench", path)
+    if plt is None:
+        return False
     # The (H, D) with the most workloads: an S axis needs one head shape.
     shapes = [(w["H"], w["D"]) for run in runs for w in run["workloads"]]
     H, D = max(set(shapes), key=shapes.count)
@@ -576,6 +576,7 @@ def render_plot(runs, path):
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True
 
 
 # ------------------------------------------------------------------ command
@@ -584,20 +585,20 @@ def add_arguments(parser):
     out = REPO_ROOT / "results"
     parser.add_argument("--set", choices=("suite", "scaling", "all"), default="all",
                         help="suite: the 16 public workloads; scaling: S 16384/65536 and head_dim 72/80 (default: all)")
-    parser.add_argument("--seq-lens", type=int, nargs="+", help="custom workloads instead of --set")
-    parser.add_argument("--heads", type=int, help="heads of the custom workloads (default 16)")
-    parser.add_argument("--head-dim", type=int, help="head_dim of the custom workloads (default 128)")
+    parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+", help="custom workloads instead of --set")
+    parser.add_argument("--heads", type=cli.positive_int, help="heads of the custom workloads (default 16)")
+    parser.add_argument("--head-dim", type=cli.head_dim, help="head_dim of the custom workloads (default 128)")
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny CPU-friendly run that exercises the code path ({QUICK})")
-    parser.add_argument("--calls", type=int, default=None, help="timed calls per workload (default 40)")
+    parser.add_argument("--calls", type=cli.positive_int, default=None, help="timed calls per workload (default 40)")
     parser.add_argument("--timer", choices=("events", "span"), default="span",
                         help="primary figure: kernel span (CUPTI) or CUDA events; both are recorded (default: span)")
-    parser.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p], default=list(PEERS),
+    parser.add_argument("--peers", type=_peers, default=list(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)} (default: all)")
-    parser.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (default 1024)")
-    parser.add_argument("--verify-tokens", type=int, default=4096, help="token rows verified per workload")
+    parser.add_argument("--copy-mib", type=cli.positive_int, default=None, help="copy-bandwidth buffer (default 1024)")
+    parser.add_argument("--verify-tokens", type=cli.positive_int, default=4096, help="token rows verified per workload")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", help="default: cuda if available, else cpu")
+    parser.add_argument("--device", type=cli.device, help="default: cuda if available, else cpu")
     parser.add_argument("--ab", type=Path, help="also time another build of ours: a checkout with build/")
     parser.add_argument("--json", type=Path, default=out / "bench.json")
     parser.add_argument("--markdown", type=Path, default=out / "bench.md")
@@ -606,10 +607,15 @@ def add_arguments(parser):
                         help="measure nothing: render the markdown and plot from saved JSON runs")
 
 
-def main(args) -> int:
-    unknown = set(args.peers) - set(PEERS)
+def _peers(text):
+    peers = [p for p in text.split(",") if p]
+    unknown = sorted(set(peers) - set(PEERS))
     if unknown:
-        raise SystemExit(f"bench: unknown peers {sorted(unknown)}; choose from {PEERS}")
+        raise argparse.ArgumentTypeError(f"unknown peers {unknown}; choose from {','.join(PEERS)}")
+    return peers
+
+
+def main(args) -> int:
     if args.from_json:
         runs = [json.loads(p.read_text()) for p in args.from_json]
     else:
@@ -621,12 +627,12 @@ def main(args) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(runs[0], indent=1) + "\n")
         print(f"wrote {args.json}")
-    render_plot(runs, args.plot)
-    text = render_markdown(runs, args.plot, args.markdown)
+    plotted = render_plot(runs, args.plot)
+    text = render_markdown(runs, args.plot if plotted else None, args.markdown)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(text)
     print(text)
-    print(f"wrote {args.markdown} and {args.plot}")
+    print(f"wrote {args.markdown}" + (f" and {args.plot}" if plotted else ""))
     failed = [f"{n} S={w['S']} H={w['H']} D={w['D']}" for run in runs for w in run["workloads"]
               for n, r in w["results"].items()
               if n.startswith("ours") and ("error" in r or not r.get("verify", {}).get("ok", True))]

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import REPO_ROOT
+from . import REPO_ROOT, cli
 
 IMPLS = ("ours", "liger", "compile", "transformers")
 # A first size, then images of other sizes (square grids of 14-pixel patches), across tuning buckets.
@@ -141,10 +141,11 @@ def markdown(runs, meta) -> str:
 
 
 def add_arguments(parser):
-    parser.add_argument("--impls", type=lambda s: [p for p in s.split(",") if p], default=list(IMPLS))
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--head-dim", type=int, default=72)
+    parser.add_argument("--impls", type=lambda s: [p for p in s.split(",") if p], default=list(IMPLS),
+                        help=f"comma-separated subset of {','.join(IMPLS)}")
+    parser.add_argument("--sizes", type=cli.positive_int, nargs="+", default=list(SIZES))
+    parser.add_argument("--heads", type=cli.positive_int, default=16)
+    parser.add_argument("--head-dim", type=cli.head_dim, default=72)
     parser.add_argument("--profile", action="store_true", help="cProfile of ours' first call (<json>.profile.txt)")
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "results" / "coldstart.json")
     # The parent's arguments to each fresh child process:
@@ -165,8 +166,11 @@ def main(args) -> int:
 
     from .build import build_variants, repo_id
 
+    unknown = set(args.impls) - set(IMPLS)
+    if unknown:
+        raise cli.UsageError(f"--impls: unknown {sorted(unknown)}; choose from {','.join(IMPLS)}")
     if not torch.cuda.is_available():
-        raise SystemExit("coldstart: needs a CUDA GPU (it times Triton compilations and GPU calls)")
+        raise cli.UsageError("coldstart needs a CUDA GPU (it times Triton compilations and GPU calls)")
     build_variants()
     os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,24 +13,23 @@ import json
 import sys
 from pathlib import Path
 
-from . import REPO_ROOT
+from . import REPO_ROOT, cli
 
 FP32_TOL = 1e-5  # rel err bound for fp32 outputs (DESIGN.md section 1: near 1e-6)
 
 
 def add_arguments(parser):
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for demo.json and demo.png")
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=None, help="default: the 16 public workloads")
-    parser.add_argument("--calls", type=int, default=40, help="timed calls per workload")
+    parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+", default=None, help="default: the 16 public workloads")
+    parser.add_argument("--calls", type=cli.positive_int, default=40, help="timed calls per workload")
     parser.add_argument("--seed", type=int, default=0)
 
 
-def _plot(rows, path, on_gpu):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _plot(rows, path, on_gpu) -> bool:
+    """Draws demo.png; False where matplotlib is missing."""
+    plt = cli.pyplot("demo", path)
+    if plt is None:
+        return False
     S = [r["S"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(S, [r["time_us"] for r in rows], "o-", label="rope_bwd (ours)")
@@ -43,6 +42,7 @@ def _plot(rows, path, on_gpu):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True
 
 
 def table(rows, gpu_name=None, bandwidth=None):
@@ -112,6 +112,6 @@ def main(args) -> int:
     meta = {"device": where, "torch": torch.__version__, "triton": triton.__version__, "kernel": kernel.__name__,
             "timing": timer.method, "copy_GBps": bandwidth}
     (args.out / "demo.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    _plot(rows, args.out / "demo.png", on_gpu)
-    print(f"wrote {args.out / 'demo.json'} and {args.out / 'demo.png'}")
+    plotted = _plot(rows, args.out / "demo.png", on_gpu)
+    print(f"wrote {args.out / 'demo.json'}" + (f" and {args.out / 'demo.png'}" if plotted else ""))
     return 0 if ok else 1

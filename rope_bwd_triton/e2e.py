@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from . import REPO_ROOT, varres
+from . import REPO_ROOT, cli, varres
 
 # family -> (configuration class, vision model class), in transformers.models.<family>
 FAMILIES = {
@@ -50,11 +50,17 @@ def modeling_module(family: str):
     return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
 
 
+def make_config(family: str, **config):
+    """The vision configuration of `family`; `config` overrides its defaults (which are the
+    released models' values where transformers has them)."""
+    cfg_name, _ = FAMILIES[family]
+    return getattr(importlib.import_module(f"transformers.models.{family}.configuration_{family}"), cfg_name)(**config)
+
+
 def make_vision_model(family: str, *, dtype=torch.float32, device="cpu", seed=0, **config):
-    """A random-init vision model of `family`; `config` overrides the configuration's
-    defaults (which are the released models' values where transformers has them)."""
-    cfg_name, model_name = FAMILIES[family]
-    cfg = getattr(importlib.import_module(f"transformers.models.{family}.configuration_{family}"), cfg_name)(**config)
+    """A random-init vision model of `family`, its configuration from make_config."""
+    _, model_name = FAMILIES[family]
+    cfg = make_config(family, **config)
     cfg._attn_implementation = "sdpa"
     model_cls = getattr(modeling_module(family), model_name)
     torch.manual_seed(seed)
@@ -345,11 +351,14 @@ def markdown(report, meta) -> str:
 
 
 def add_arguments(parser):
-    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 9216], help="tokens per image (square)")
-    parser.add_argument("--repo-id", default=None, help="the kernel to load (default: build.toml's repo-id)")
-    parser.add_argument("--warmup", type=int, default=5, help="warm-up steps per variant, before any timing")
-    parser.add_argument("--iters", type=int, default=20, help="timed steps per variant in all (a multiple of --rounds)")
-    parser.add_argument("--rounds", type=int, default=5,
+    parser.add_argument("--tokens", type=cli.positive_int, nargs="+", default=[4096, 9216],
+                        help="tokens per image (square)")
+    parser.add_argument("--repo-id", type=cli.repo_id, default=None,
+                        help="the kernel to load (default: build.toml's repo-id)")
+    parser.add_argument("--warmup", type=cli.nonnegative_int, default=5, help="warm-up steps per variant, before any timing")
+    parser.add_argument("--iters", type=cli.positive_int, default=20,
+                        help="timed steps per variant in all (a multiple of --rounds)")
+    parser.add_argument("--rounds", type=cli.positive_int, default=5,
                         help="interleaved rounds: each times iters/rounds steps of every variant in turn")
     parser.add_argument("--profile", action="store_true",
                         help="after the timing, one more step per variant under torch.profiler: "
@@ -363,11 +372,11 @@ def add_arguments(parser):
     parser.add_argument("--varres", action="store_true",
                         help="training on images of varying resolution: each variant in a fresh process, "
                              "one step per image over --varres-sides, two passes (varres.py)")
-    parser.add_argument("--varres-sides", type=int, nargs="+", default=list(varres.SIDES),
+    parser.add_argument("--varres-sides", type=cli.positive_int, nargs="+", default=list(varres.SIDES),
                         help="image sides in patches for --varres")
     parser.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=list(varres.VARIANTS),
                         help=f"variants for --varres, of {','.join(varres.VARIANTS)}")
-    parser.add_argument("--depth", type=int, default=4, help="encoder depth for --varres")
+    parser.add_argument("--depth", type=cli.positive_int, default=4, help="encoder depth for --varres")
     parser.add_argument("--varres-child", help=argparse.SUPPRESS)  # the parent's call of each fresh process
     parser.add_argument("--varres-result", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true",
@@ -382,6 +391,9 @@ def main(args) -> int:
         args.varres_result.write_text(json.dumps(result))
         return 0
     if args.varres:
+        unknown = set(args.variants) - set(varres.VARIANTS)
+        if unknown:
+            raise cli.UsageError(f"--variants: unknown {sorted(unknown)}; choose from {','.join(varres.VARIANTS)}")
         args.out.mkdir(parents=True, exist_ok=True)
 
         def save(report):
@@ -404,12 +416,18 @@ def main(args) -> int:
         config, tokens, warmup, iters, rounds = QUICK_OMNI, [64], 1, 4, 2
     else:
         config, tokens, warmup, iters, rounds = REAL_OMNI, args.tokens, args.warmup, args.iters, args.rounds
-    if rounds < 1 or iters < rounds or iters % rounds:
-        raise SystemExit(f"--iters ({iters}) must be a positive multiple of --rounds ({rounds})")
+    if iters % rounds:
+        raise cli.UsageError(f"--iters ({iters}) must be a multiple of --rounds ({rounds})")
+    if args.compile and warmup < 1:
+        raise cli.UsageError("--compile needs at least one warm-up step: it compiles each variant")
+    merge = make_config("qwen3_omni_moe", **config).spatial_merge_size
+    for n in tokens:
+        try:
+            square_grid(n, merge)
+        except ValueError as e:
+            raise cli.UsageError(f"--tokens: {e}") from None
     args.repo_id = args.repo_id or _repo_id()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.compile and warmup < 1:
-        raise SystemExit("--compile needs at least one warm-up step: it compiles each variant")
     results, frames = run(tokens=tokens, repo_id=args.repo_id, device=device, dtype=dtype, model_config=config,
                           warmup=warmup, rounds=rounds, per_round=iters // rounds,
                           profile_dir=args.out if args.profile else None, compile=args.compile)

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import REPO_ROOT
+from . import REPO_ROOT, cli
 from .build import build_variants, read_config, repo_id as default_repo_id
 
 REPO_TYPE = "kernel"  # kernels downloads with snapshot_download(repo_type="kernel")
@@ -109,7 +109,8 @@ def upload(ops, repo_id: str) -> list[str]:
 
 
 def add_arguments(parser):
-    parser.add_argument("--repo-id", default=None, help="Hub repository (default: [general.hub] repo-id of build.toml)")
+    parser.add_argument("--repo-id", type=cli.repo_id, default=None,
+                        help="Hub repository, <namespace>/<name> (default: [general.hub] repo-id of build.toml)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print every operation of the upload; no network")
     mode.add_argument("--to-cache", type=Path, metavar="DIR", help="install into a Hub-cache layout instead")

@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from . import REPO_ROOT
+from . import REPO_ROOT, cli
 
 LAYOUTS = ("sdpa", "flash")
 SEQ_LENS = (256, 1024, 4096, 16384, 65536)
@@ -224,12 +224,7 @@ def markdown(run) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_plot(run, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def render_plot(run, path, plt):
     groups = sorted({(w["dtype"], w["D"], w["layout"]) for w in run["workloads"]})
     fig, ax = plt.subplots(figsize=(8, 5))
     for dtype, D, layout in groups:
@@ -251,9 +246,9 @@ def render_plot(run, path):
 
 def add_arguments(parser):
     out = REPO_ROOT / "results"
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=list(SEQ_LENS))
-    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
-    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+", default=list(SEQ_LENS))
+    parser.add_argument("--head-dims", type=cli.head_dim, nargs="+", default=list(HEAD_DIMS))
+    parser.add_argument("--heads", type=cli.positive_int, default=16)
     parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), default=["bfloat16"])
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
                         help="upstream gradient: sdpa's [1, H, S, D] transposed, or flash-attention's [S, H, D]")
@@ -261,10 +256,10 @@ def add_arguments(parser):
                         help=f"comma-separated subset of {','.join(PEERS)}")
     parser.add_argument("--ab", type=Path, nargs="+",
                         help="also time other builds of ours: checkouts with build/ (A/B in one process)")
-    parser.add_argument("--calls", type=int, default=40)
-    parser.add_argument("--verify-tokens", type=int, default=2048)
+    parser.add_argument("--calls", type=cli.positive_int, default=40)
+    parser.add_argument("--verify-tokens", type=cli.positive_int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", help="default: cuda if available, else cpu")
+    parser.add_argument("--device", type=cli.device, help="default: cuda if available, else cpu")
     parser.add_argument("--quick", action="store_true", help=f"tiny CPU-friendly run of the code path ({QUICK})")
     parser.add_argument("--json", type=Path, default=out / "realcall.json")
     parser.add_argument("--markdown", type=Path, default=out / "realcall.md")
@@ -277,14 +272,19 @@ def main(args) -> int:
                                                                  QUICK["heads"], QUICK["calls"])
     unknown = set(args.peers) - set(PEERS)
     if unknown:
-        raise SystemExit(f"realcall: unknown peers {sorted(unknown)}; choose from {PEERS}")
+        raise cli.UsageError(f"--peers: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")
+    missing = [str(p) for p in args.ab or () if not (p / "build").is_dir()]
+    if missing:
+        raise cli.UsageError(f"--ab: no build/ in {', '.join(missing)} (run `python -m rope_bwd_triton build` there)")
     run = measure(args)
     for path in (args.json, args.markdown, args.plot):
         path.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(run, indent=1) + "\n")
     text = markdown(run)
     args.markdown.write_text(text)
-    render_plot(run, args.plot)
+    plt = cli.pyplot("realcall", args.plot)
+    if plt:
+        render_plot(run, args.plot, plt)
     print(text)
     print(f"wrote {args.json}, {args.markdown} and {args.plot}")
     failed = [r for w in run["workloads"] for n, r in w["results"].items()

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import REPO_ROOT
+from . import REPO_ROOT, cli
 
 MODES = ("bwd", "bwd_qk", "fwd")
 DTYPES = ("float32", "bfloat16")
@@ -296,25 +296,33 @@ def write_log(path: Path, report: dict):
 def add_arguments(parser):
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
-    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
+    parser.add_argument("--head-dims", type=cli.head_dim, nargs="+", default=list(HEAD_DIMS))
     parser.add_argument("--s-buckets", nargs="+", choices=list(S_REPS), default=list(S_REPS))
-    parser.add_argument("--heads", type=int, default=16, help="heads of q and of k (default 16)")
-    parser.add_argument("--seq-lens", type=int, nargs="+",
+    parser.add_argument("--heads", type=cli.positive_int, default=16, help="heads of q and of k (default 16)")
+    parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+",
                         help="time at these S instead of each bucket's representatives (the key uses the first)")
-    parser.add_argument("--calls", type=int, default=10, help="cold-L2 calls timed per candidate and S")
+    parser.add_argument("--calls", type=cli.positive_int, default=10, help="cold-L2 calls timed per candidate and S")
     parser.add_argument("--grid", action="store_true",
                         help="time every (BLOCK_S, BLOCK_D, BLOCK_R, num_warps) candidate instead of the coordinate search")
-    parser.add_argument("--budget", type=float, default=270, help="seconds; buckets not started by then are skipped")
-    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+    parser.add_argument("--budget", type=cli.positive_float, default=270,
+                        help="seconds; buckets not started by then are skipped")
+    parser.add_argument("--jobs", type=cli.nonnegative_int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="processes that compile the candidates before the search, on a GPU (0: none)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)")
+    parser.add_argument("--device", type=cli.device,
+                        help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)")
     parser.add_argument("--out", type=Path, help="default: torch-ext/rope_bwd/configs/<GPU name>.json")
     parser.add_argument("--log", type=Path, default=REPO_ROOT / "results" / "tune.json",
                         help="every candidate's score, per bucket")
 
 
 def main(args) -> int:
+    import torch
+
+    if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu" and \
+            os.environ.get("TRITON_INTERPRET") != "1":
+        raise cli.UsageError("tuning times the Triton kernel: it needs a CUDA GPU, or TRITON_INTERPRET=1 "
+                             "to run it on the CPU in Triton's interpreter (a code-path check)")
     write_log(args.log, run(args))
     print(f"wrote {args.log}")
     return 0

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=.venv/bin/python
 $PY -m pytest -q "$@"
-TRITON_INTERPRET=1 $PY -m pytest -q tests/test_ops.py tests/test_special_values.py tests/test_bad_input.py tests/test_specialization.py "$@"
+TRITON_INTERPRET=1 $PY -m pytest -q tests/test_ops.py tests/test_special_values.py tests/test_bad_input.py \
+    tests/test_specialization.py tests/test_autograd_transforms.py tests/test_dtypes.py "$@"
 bash scripts/hub-ci.sh
 bash scripts/lint-workflows.sh

@@ -117,12 +117,12 @@ def _heads(args, name, gen):
 
 def _int(args, name, gen):
     args[name] = (args[name] * 10).to(torch.int32)
-    return TypeError, rf"{name} must be float32, bfloat16 or float16, got torch.int32"
+    return TypeError, rf"{name} must be float32, bfloat16, float16 or float64, got torch.int32"
 
 
 def _dtype(args, name, gen):
     args[name] = args[name].to(torch.bfloat16)
-    of = GRAD_OF.get(name) or {"k": "q", "sin": "cos"}[name]
+    of = GRAD_OF.get(name) or {"sin": "cos"}[name]
     return ValueError, rf"{name} must have the dtype of {of}"
 
 
@@ -157,7 +157,7 @@ CASES = [
     ("head_dim_mismatch", _dim, lambda n: n != "q"),
     ("heads_mismatch", _heads, lambda n: n in GRAD_OF),
     ("int_dtype", _int, None),
-    ("mixed_dtype", _dtype, lambda n: n in ("k", "sin", *GRAD_OF)),
+    ("mixed_dtype", _dtype, lambda n: n in ("sin", *GRAD_OF)),  # q and k may differ: test_dtypes
     ("device", _device, lambda n: n != "q"),
     ("not_tensor", _not_tensor, None),
     ("odd_head_dim", _odd_head_dim, lambda n: n == "q"),
@@ -188,16 +188,8 @@ def test_bad_input_with_out_is_checked_first(kernel, tripwire, gen, device):
     """A bad input with valid out= buffers: the input error, and the buffers keep their poison."""
     args = make_args("rope_bwd", gen, device)
     out = fresh_out(args)
-    args["q"] = args["q"].to(torch.float16)
-    expect_error(kernel, "rope_bwd", args, ValueError, r"k must have the dtype of q", out=out)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fn", FUNCS)
-def test_float64_only_on_the_cpu_path(kernel, tripwire, gen, fn):
-    """float64 is the CPU path's; the Triton kernel computes in fp32, so CUDA refuses it."""
-    args = make_args(fn, gen, "cuda", dtype=torch.float64)
-    expect_error(kernel, fn, args, TypeError, rf"^{fn}: q is float64, which only the CPU path supports")
+    args["grad_k_embed"] = args["grad_k_embed"].to(torch.float16)
+    expect_error(kernel, "rope_bwd", args, ValueError, r"grad_k_embed must have the dtype of k", out=out)
 
 
 # ----------------------------------------------------------------- out= cases
@@ -276,6 +268,20 @@ def _not_a_tuple(args, i):
     return (out[0] if i == 0 else out[:2]), TypeError, r"out must be a tuple of 3 tensors \(grad_q, grad_k, grad_embeddings\)"
 
 
+def _out_requires_grad(args, i):
+    """A leaf that requires grad as out= (torch refuses in-place writes into one)."""
+    out = list(fresh_out(args))
+    out[i] = out[i].requires_grad_()
+    return out, ValueError, rf"out\[{OUT_NAMES[i]}\] requires grad, but results written into out= are not differentiable"
+
+
+def _input_requires_grad(args, i):
+    """out= results carry no graph: an input that requires grad would lose its gradient."""
+    name = ("grad_q_embed", "q", "embeddings")[i]
+    args[name] = args[name].requires_grad_()
+    return fresh_out(args), ValueError, rf"{name} requires grad, but results written into out= are not differentiable"
+
+
 OUT_CASES = [
     ("wrong_shape", _wrong_shape, range(3)),
     ("wrong_dtype", _wrong_dtype, range(3)),
@@ -287,6 +293,8 @@ OUT_CASES = [
     ("outputs_share", _outputs_share, [0, 1]),
     ("outputs_overlap", _embeddings_inside_grad_q, [0]),
     ("not_a_tuple", _not_a_tuple, [0, 1]),
+    ("out_requires_grad", _out_requires_grad, range(3)),
+    ("input_requires_grad", _input_requires_grad, range(3)),
 ]
 
 
@@ -381,8 +389,10 @@ def test_checks_after_a_valid_call_of_the_same_shapes(kernel, gen, device, fn):
     valid call first must not let a bad one of the same shapes through afterwards."""
     args = make_args(fn, gen, device)
     getattr(kernel, fn)(*args.values())
-    for name in ["k", *(n for n in ("sin", "grad_k_embed") if n in args)]:
-        bad = dict(args, **{name: args[name].to(torch.float16)})
-        with pytest.raises(ValueError, match=f"^{fn}: {name} must have the dtype of "):
+    cases = [("k", torch.int32, TypeError, "must be float32"),
+             *((n, torch.float16, ValueError, "must have the dtype of ") for n in ("sin", "grad_k_embed") if n in args)]
+    for name, dtype, exc, match in cases:
+        bad = dict(args, **{name: args[name].to(dtype)})
+        with pytest.raises(exc, match=f"^{fn}: {name} {match}"):
             getattr(kernel, fn)(*bad.values())
     getattr(kernel, fn)(*args.values())

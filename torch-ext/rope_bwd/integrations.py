@@ -6,13 +6,15 @@ the vision attention's forward calls as a global. `kernels.kernelize` only sees
 layers, so `make_kernelizable` turns that function into one with the kernels
 library's own mechanisms:
 
-1. `kernels.use_kernel_forward_from_hub(LAYER_NAME)` wraps the function into an
-   nn.Module instance whose kernel layer name is "ApplyRotaryPosEmbVision";
+1. the function becomes an instance of `_TransformersRotary`, an nn.Module made
+   extensible under the kernel layer name "ApplyRotaryPosEmbVision" by
+   `kernels.replace_kernel_forward_from_hub` (what `use_kernel_forward_from_hub` does
+   to a function, minus its local class, which pickle cannot find);
 2. the modeling module's global is rebound to that instance, so the attention
    forward calls it;
-3. `kernels.use_kernelized_func` attaches it to the attention class (models built
-   later), and it is added to the `_kernel_funcs` of the attention modules of
-   models passed in (models built earlier), so that `kernelize` visits it.
+3. it is added to the `_kernel_funcs` of the attention modules, as
+   `kernels.use_kernelized_func` does: through the attention class's constructor
+   (models built later) and directly (models passed in), so that `kernelize` visits it.
 
 Then the standard flow applies: a kernel mapping for "ApplyRotaryPosEmbVision"
 (`kernel_mapping`) and `kernels.kernelize(model, mode=..., device=...)`.
@@ -25,13 +27,22 @@ original). The kernel's ops dispatch on the tensors' device, so one kernelized
 instance serves CPU and CUDA models alike. `restore_transformers` puts the
 original functions back.
 
+Pickling: the layer is a patch of the process, not state of a model. A model pickles
+(torch.save) without it, kernelized or restored, and loads in any process, without
+this package: it calls transformers' function there, until it is kernelized again.
+
 `kernels` and `transformers` are imported inside the functions: the package
 itself needs only torch.
 """
 
+import copy
+import functools
 import importlib
 import inspect
 import os
+import pkgutil
+
+from torch import nn
 
 LAYER_NAME = "ApplyRotaryPosEmbVision"
 REPO_ID = "rope-bwd/rope-bwd"
@@ -65,6 +76,61 @@ def _attention_classes(module) -> list:
     ]
 
 
+class _TransformersRotary(nn.Module):
+    """transformers' `apply_rotary_pos_emb_vision` of one family as a kernelizable layer.
+    One instance per family, the module global: pickled, it is that global by name (on
+    loading, transformers' function, or this process's layer while patched); deep-copied,
+    itself (what a copied model's attention calls)."""
+
+    def __init__(self, module_name: str, function):
+        super().__init__()
+        self.module_name, self.function = module_name, function
+
+    def forward(self, q, k, cos, sin):
+        return self.function(q, k, cos, sin)
+
+    def __reduce__(self):
+        return pkgutil.resolve_name, (f"{self.module_name}:{_FUNC_NAME}",)
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class _KernelFuncs(dict):
+    """The `_kernel_funcs` of an attention module, holding our layer: pickled, a plain dict
+    without it (a loaded model needs neither this package nor the patch, and kernelize
+    finds no stale layer there); copied, with it."""
+
+    def __reduce__(self):
+        return dict, ([(k, v) for k, v in self.items() if not isinstance(v, _TransformersRotary)],)
+
+    def __copy__(self):
+        return _KernelFuncs(self)
+
+    def __deepcopy__(self, memo):
+        return _KernelFuncs({k: copy.deepcopy(v, memo) for k, v in self.items()})
+
+
+def _attach(module, layer):
+    """Put `layer` in module._kernel_funcs, where kernelize looks (kernels.use_kernelized_func's key)."""
+    funcs = module.__dict__.get("_kernel_funcs")
+    if not isinstance(funcs, _KernelFuncs):
+        funcs = module.__dict__["_kernel_funcs"] = _KernelFuncs(funcs or {})
+    funcs[LAYER_NAME] = layer
+
+
+def _attach_on_init(cls, layer):
+    """Attach `layer` to every instance of `cls` built from now on."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _attach(self, layer)
+
+    cls.__init__ = __init__
+
+
 def _patch(family: str):
     if family in _PATCHED:
         return _PATCHED[family]
@@ -79,13 +145,11 @@ def _patch(family: str):
     if not classes:
         raise TypeError(f"no class of {module.__name__} calls {_FUNC_NAME}")
 
-    layer = kernels.use_kernel_forward_from_hub(LAYER_NAME)(original)
-    # A deepcopy of a model must keep the module-global layer: it is what the copy's
-    # attention forward calls, so it is what kernelize has to reach.
-    type(layer).__deepcopy__ = lambda self, memo: self
+    kernels.replace_kernel_forward_from_hub(_TransformersRotary, LAYER_NAME)
+    layer = _TransformersRotary(module.__name__, original)
     inits = {cls: cls.__dict__.get("__init__") for cls in classes}
     for cls in classes:
-        kernels.use_kernelized_func(layer)(cls)
+        _attach_on_init(cls, layer)
     setattr(module, _FUNC_NAME, layer)
     _PATCHED[family] = (module, original, layer, inits)
     return _PATCHED[family]
@@ -101,13 +165,13 @@ def make_kernelizable(*models, families=SUPPORTED_FAMILIES) -> None:
         for sub in model.modules():
             layer = attached.get(type(sub))
             if layer is not None:
-                sub.__dict__.setdefault("_kernel_funcs", {})[LAYER_NAME] = layer
+                _attach(sub, layer)
 
 
 def restore_transformers() -> None:
     """Undo make_kernelizable: original functions and attention constructors back.
-    Models built while patched keep the layer in their `_kernel_funcs`; their forward
-    calls the original function again."""
+    Models built while patched keep the layer in their `_kernel_funcs` (not pickled);
+    their forward calls the original function again."""
     for module, original, _, inits in _PATCHED.values():
         setattr(module, _FUNC_NAME, original)
         for cls, init in inits.items():

@@ -9,9 +9,12 @@ in one process:
 that are not asked for come back as empty tensors.
 
 Dispatch: CUDA tensors run the Triton kernel; CPU tensors run rotary_torch,
-or the Triton kernel in Triton's interpreter when TRITON_INTERPRET=1. The public
-functions reach the same implementations through an autograd.Function in eager
-mode (no dispatcher round trip: host time) and through the ops when traced.
+or the Triton kernel in Triton's interpreter when TRITON_INTERPRET=1; float64
+runs rotary_torch on any device. The public functions reach the same
+implementations through an autograd.Function in eager mode (no dispatcher round
+trip: host time), through a twin with setup_context under torch.func transforms,
+and through the ops when traced. rotary_bwd has an autograd of its own: the
+backward is differentiable (derivatives.py).
 
 rotary_fwd and rotary_bwd are triton_ops: torch.compile traces into them, so that
 inductor launches the kernel from its generated code (or fuses rotary_torch's math
@@ -29,14 +32,19 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
-from . import rotary_torch, tuning
+from . import derivatives, rotary_torch, tuning
 from ._ops import add_op_namespace_prefix
-from .validation import check_inputs, check_out
+from .validation import check_inputs, check_out, check_out_autograd, check_out_memory
 
 
-def _use_triton(t: Tensor) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+def _use_triton(q: Tensor, k: Tensor, table: Tensor) -> bool:
+    """CUDA tensors (and CPU ones under TRITON_INTERPRET=1) run the Triton kernel, unless
+    q, k or the table is float64: the kernel computes in float32, so float64 (gradcheck,
+    references) runs the PyTorch path, on any device. q/k's gradients share their dtypes."""
+    return (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") and torch.float64 not in (
+        q.dtype, k.dtype, table.dtype)
 
 
 @functools.cache
@@ -51,7 +59,8 @@ def _opaque_in_trace(*tensors) -> bool:
     opaque op: inductor can launch it only on CUDA, and only with the head counts and
     head_dim ints (constexprs of the kernel); S may be symbolic (launch_traced)."""
     t = tensors[0]
-    if type(t) is Tensor or not _use_triton(t):
+    # (q, k, table, sin) or (gq, gk, q, k, table, sin): the table is second to last
+    if type(t) is Tensor or not _use_triton(t, tensors[1], tensors[-2]):
         return False
     return not (t.is_cuda and all(isinstance(n, int) for x in tensors if x is not None for n in x.shape[1:]))
 
@@ -105,7 +114,7 @@ def _empty_like(t: Tensor) -> Tensor:
 # ---------------------------------------------------------------- forward op
 
 def _rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    if not _use_triton(q):
+    if not _use_triton(q, k, table):
         return rotary_torch.forward(q, k, table, sin)
     q_embed, k_embed = _empty_like(q), _empty_like(k)
     _launch(q, k, q_embed, k_embed, None, None, table, sin, None, None, adjoint=False)
@@ -149,7 +158,7 @@ def _rotary_bwd_eager(
     table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
 ) -> tuple[Optional[Tensor], ...]:
     """The backward; None for the outputs not asked for (the op returns empty tensors)."""
-    if not _use_triton(gq):
+    if not _use_triton(gq, gk, table):
         return rotary_torch.backward(gq, gk, q, k, table, sin, need_q=need_q, need_k=need_k)
     outs = _bwd_outputs(gq, gk, q, table, sin, need_q, need_k)
     _launch(gq, gk, outs[0], outs[1], q, k, table, sin, outs[2], outs[3], adjoint=True)
@@ -187,7 +196,11 @@ def rope_bwd_out(
     grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor,
     grad_q: Tensor, grad_k: Tensor, grad_embeddings: Tensor,
 ) -> None:
-    if not _use_triton(q):
+    check_out_memory(
+        "rope_bwd", [("grad_q", grad_q), ("grad_k", grad_k), ("grad_embeddings", grad_embeddings)],
+        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k), ("embeddings", embeddings)],
+    )
+    if not _use_triton(q, k, embeddings):
         dq, dk, de, _ = rotary_torch.backward(grad_q_embed, grad_k_embed, q, k, embeddings)
         grad_q.copy_(dq)
         grad_k.copy_(dk)
@@ -205,6 +218,34 @@ def _(grad_q_embed, grad_k_embed, q, k, embeddings, grad_q, grad_k, grad_embeddi
 
 
 # ------------------------------------------------------------------ autograd
+#
+# Three ways into the rotation's autograd, one backward (_backward):
+#   _EagerRotary   eager calls: the context is set in forward (host time; see its docstring)
+#   _RotaryFn      under torch.func transforms and forward-mode AD, which need setup_context,
+#                  a vmap rule and a jvp rule
+#   rotary_fwd     traced calls (torch.compile, export): the op's registered autograd
+# The backward is differentiable in turn (double backward, torch.func.hessian): under
+# create_graph it runs as _RotaryGrad (eager) or the rotary_bwd op, whose own backward and
+# jvp are derivatives.py's sums of calls of the same maps.
+
+def _transforms_active() -> bool:
+    """torch.func transforms (grad, vmap, jvp, ...) or a forward-mode AD level are live."""
+    return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
+
+
+def _rotary(q, k, table, sin):
+    """The differentiable rotation, through the cheapest path the caller's mode allows."""
+    if type(q) is Tensor and not torch.compiler.is_compiling():
+        return (_RotaryFn if _transforms_active() else _EagerRotary).apply(q, k, table, sin)
+    return rotary_fwd(q, k, table, sin)
+
+
+def _rotary_grad(gq, gk, q, k, table, sin, need_q, need_k):
+    """The differentiable backward: (dq, dk, dtable, dsin), those not asked for None (or empty)."""
+    if type(gq) is Tensor and not torch.compiler.is_compiling():
+        return _RotaryGrad.apply(gq, gk, q, k, table, sin, need_q, need_k)
+    return rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k)
+
 
 def _setup_context(ctx, inputs, output):
     q, k, table, sin = inputs
@@ -218,7 +259,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, gq, gk):
     q, k, table, sin = ctx.saved_tensors
     need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    dq, dk, dt, ds = ctx.rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k)
+    # Grad mode is on under create_graph: the gradients must then carry a graph of their own.
+    bwd = _rotary_grad if torch.is_grad_enabled() else ctx.rotary_bwd
+    dq, dk, dt, ds = bwd(gq, gk, q, k, table, sin, need_q, need_k)
     return (
         dq if need_q else None,
         dk if need_k else None,
@@ -247,10 +290,68 @@ class _EagerRotary(torch.autograd.Function):
     backward = staticmethod(_backward)
 
 
-def _rotary(q, k, table, sin):
-    if type(q) is Tensor and not torch.compiler.is_compiling():
-        return _EagerRotary.apply(q, k, table, sin)
-    return rotary_fwd(q, k, table, sin)
+class _RotaryFn(torch.autograd.Function):
+    """_EagerRotary for torch.func transforms and forward-mode AD, which need the context set
+    in setup_context, a jvp rule and a vmap rule."""
+
+    @staticmethod
+    def forward(q, k, table, sin):
+        return _rotary_fwd(q, k, table, sin)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+        ctx.rotary_bwd = _rotary_grad  # the transforms run the backward on wrapped tensors
+        ctx.save_for_forward(*inputs)
+
+    backward = staticmethod(_backward)
+
+    @staticmethod
+    def jvp(ctx, tq, tk, t_table, t_sin):
+        return derivatives.rotation_jvp(_rotary, *ctx.saved_tensors, tq, tk, t_table, t_sin)
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, table, sin):
+        return derivatives.vmap_folded(_rotary, info.batch_size, in_dims, (q, k, table, sin))
+
+
+def _grad_setup_context(ctx, inputs, output):
+    *saved, ctx.need_q, ctx.need_k = inputs
+    ctx.save_for_backward(*saved)
+
+
+def _grad_backward(ctx, vq, vk, v_table, v_sin):
+    grads = derivatives.adjoint_vjp(_rotary, _rotary_grad, ctx.saved_tensors, ctx.need_q, ctx.need_k,
+                                    ctx.needs_input_grad[:6], (vq, vk, v_table, v_sin))
+    return (*grads, None, None)
+
+
+rotary_bwd.register_autograd(_grad_backward, setup_context=_grad_setup_context)
+
+
+class _RotaryGrad(torch.autograd.Function):
+    """The backward as a differentiable function (for create_graph and torch.func): the
+    eager backward forward, derivatives.py's rules for its backward, jvp and vmap."""
+
+    @staticmethod
+    def forward(gq, gk, q, k, table, sin, need_q, need_k):
+        return _rotary_bwd_eager(gq, gk, q, k, table, sin, need_q, need_k)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _grad_setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*inputs[:6])
+
+    backward = staticmethod(_grad_backward)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        return derivatives.adjoint_jvp(_rotary_grad, ctx.saved_tensors, ctx.need_q, ctx.need_k, tangents[:6])
+
+    @staticmethod
+    def vmap(info, in_dims, gq, gk, q, k, table, sin, need_q, need_k):
+        return derivatives.vmap_folded(
+            _rotary_grad, info.batch_size, in_dims[:6], (gq, gk, q, k, table, sin), need_q, need_k)
 
 
 # ------------------------------------------------------------ public functions
@@ -264,44 +365,67 @@ def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
     """q_embed, k_embed = q*cos + rotate_half(q)*sin (same for k), cos/sin of `embeddings`.
 
     q [S, HQ, D], k [S, HK, D] (any strides), embeddings [S, D] angles.
-    Math in float32; outputs in the dtype of q / k."""
+
+    Dtypes (every public function): float32, bfloat16 and float16 run the kernel, math
+    in float32. float64 is accepted on every device and computed in float64 by the
+    PyTorch path (for gradcheck and references; the kernel computes in float32). q and
+    k may have different dtypes, as transformers allows: each result (output or
+    gradient) has the dtype of the tensor it belongs to. The table may have any of
+    these dtypes. Differentiable as apply_rotary_emb."""
     return _rotary_angles("rope_fwd", q, k, embeddings)
 
 
 def apply_rotary_emb(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
-    """rope_fwd for autograd users: differentiable in q, k and embeddings."""
+    """rope_fwd for autograd users: differentiable in q, k and embeddings, to any order
+    (create_graph=True: the backward is differentiable too), under torch.func transforms
+    (grad, vmap, jvp, hessian) and forward-mode AD. Gradients come in the dtype of
+    their tensor."""
     return _rotary_angles("apply_rotary_emb", q, k, embeddings)
 
 
 def apply_rotary_pos_emb_vision(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """transformers' vision rotary, same signature and dtype behaviour: q, k [S, H, D];
-    cos, sin [S, D]; math in float32, outputs in q's / k's dtype. Differentiable in
-    q, k, cos and sin; when cos/sin need no gradient the backward reads only the
-    upstream gradients and the table."""
+    cos, sin [S, D]; math in float32 (float64 for float64 q or k), each output in its
+    input's dtype, q and k may differ in dtype (see rope_fwd); cos and sin share one
+    dtype. Differentiable in q, k, cos and sin as apply_rotary_emb; when cos/sin need
+    no gradient the backward reads only the upstream gradients and the table."""
     check_inputs("apply_rotary_pos_emb_vision", [("q", q), ("k", k)], [("cos", cos), ("sin", sin)])
     return _rotary(q, k, cos, sin)
+
+
+_OUT_AND_INPUTS = ("out[grad_q]", "out[grad_k]", "out[grad_embeddings]", "grad_q_embed", "grad_k_embed", "q", "k",
+                   "embeddings")
 
 
 def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, out=None):
     """Backward of rope_fwd (SOL-ExecBench 019): (grad_q, grad_k, grad_embeddings).
 
-    grad_q_embed/q [S, HQ, D], grad_k_embed/k [S, HK, D], embeddings [S, D].
+    grad_q_embed/q [S, HQ, D], grad_k_embed/k [S, HK, D], embeddings [S, D]. Each
+    upstream gradient has the dtype of its tensor (grad_q_embed q's, grad_k_embed k's);
+    grad_q, grad_k and grad_embeddings come in the dtypes of q, k and embeddings (see
+    rope_fwd). Differentiable as apply_rotary_emb: it is linear in the upstream
+    gradients, bilinear in them and q/k or the table.
+
     out: optional (grad_q, grad_k, grad_embeddings) buffers to write instead of
-    allocating; they must not overlap the inputs or each other."""
+    allocating; they must not overlap the inputs or each other. As with torch's out=
+    functions the results written there are not differentiable: under grad mode a
+    buffer or input that requires grad (or carries a forward-mode tangent) is refused
+    with a ValueError; under torch.no_grad() it is accepted."""
     fn = "rope_bwd"
     check_inputs(
         fn, [("q", q), ("k", k)], [("embeddings", embeddings)],
         [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed)],
     )
     if out is None:
-        dq, dk, de, _ = rotary_bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True)
+        # The op has no forward-mode or vmap rule: under those, the function that has them.
+        bwd = _rotary_grad if _transforms_active() else rotary_bwd
+        dq, dk, de, _ = bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True)
         return dq, dk, de
     check_out(
         fn, out,
         [("grad_q", q.shape, q.dtype, q.device), ("grad_k", k.shape, k.dtype, k.device),
          ("grad_embeddings", embeddings.shape, embeddings.dtype, embeddings.device)],
-        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k),
-         ("embeddings", embeddings)],
     )
+    check_out_autograd(fn, _OUT_AND_INPUTS, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))
     rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out)
     return tuple(out)

@@ -3,15 +3,17 @@ of the semantics that the Triton kernels must match.
 
 Layout: q, k and their gradients are [S, H, D] (any strides); the rotation
 table is [S, D], either angles (`embeddings`, cos/sin taken here) or a
-(cos, sin) pair. Math runs in float32 (float64 for float64 inputs) and results
-are cast back to the dtype of the tensor they are the value or gradient of.
+(cos, sin) pair. Math runs in float32 (float64 when q or k is float64) and results
+are cast back to the dtype of the tensor they are the value or gradient of; q and
+k may differ in dtype, as in transformers.
 """
 
 import torch
 
 
-def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def math_dtype(*tensors) -> torch.dtype:
+    """float64 when any of the tensors is, else float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _halves(x: torch.Tensor):
@@ -60,7 +62,7 @@ def grad_cos_sin(gq, gk, q, k, dtype: torch.dtype):
 
 def forward(q, k, table, sin=None):
     """(q_embed, k_embed). table = angles when sin is None, else cos."""
-    dt = opmath_dtype(q.dtype)
+    dt = math_dtype(q, k)
     cos, sn = cos_sin(table, dt) if sin is None else (table.to(dt), sin.to(dt))
     return (
         rotate(q, cos, sn, adjoint=False).to(q.dtype),
@@ -74,7 +76,7 @@ def backward(gq, gk, q, k, table, sin=None, *, need_q=True, need_k=True):
     The table gradient is computed when q and k are given (they are read only
     for it): grad_embeddings in angle mode, else (grad_cos, grad_sin).
     """
-    dt = opmath_dtype(gq.dtype)
+    dt = math_dtype(gq, gk)
     cos, sn = cos_sin(table, dt) if sin is None else (table.to(dt), sin.to(dt))
     dq = rotate(gq, cos, sn, adjoint=True).to(gq.dtype) if need_q else None
     dk = rotate(gk, cos, sn, adjoint=True).to(gk.dtype) if need_k else None

@@ -5,18 +5,17 @@ was expected."""
 import functools
 
 import torch
+from torch.autograd import forward_ad
 
 MAX_HEAD_DIM = 256
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _tensor(fn, name, shape, dtype, device, ndim, layout):
+def _tensor(fn, name, shape, dtype, ndim, layout):
     if len(shape) != ndim:
         raise ValueError(f"{fn}: {name} must be a {ndim}-D tensor {layout}, got shape {tuple(shape)}")
     if dtype not in _FLOATS:
-        raise TypeError(f"{fn}: {name} must be float32, bfloat16 or float16, got {dtype}")
-    if dtype == torch.float64 and device.type != "cpu":
-        raise TypeError(f"{fn}: {name} is float64, which only the CPU path supports; use float32, bfloat16 or float16")
+        raise TypeError(f"{fn}: {name} must be float32, bfloat16, float16 or float64, got {dtype}")
 
 
 def _same(fn, name, got, want, what):
@@ -46,16 +45,16 @@ def check_inputs(fn, heads, tables, grads=()):
 @functools.lru_cache(maxsize=1024)
 def _check_meta(fn, heads, tables, grads):
     """check_inputs on (name, shape, dtype, device) of each tensor."""
-    for name, shape, dtype, device in heads + grads:
-        _tensor(fn, name, shape, dtype, device, 3, "[S, H, D]")
-    for name, shape, dtype, device in tables:
-        _tensor(fn, name, shape, dtype, device, 2, "[S, D]")
-    (qn, (S, _, D), q_dtype, q_device), (kn, k_shape, k_dtype, _) = heads
+    for name, shape, dtype, _ in heads + grads:
+        _tensor(fn, name, shape, dtype, 3, "[S, H, D]")
+    for name, shape, dtype, _ in tables:
+        _tensor(fn, name, shape, dtype, 2, "[S, D]")
+    (qn, (S, _, D), _, q_device), (kn, k_shape, _, _) = heads
     if D % 2 or not 0 < D <= MAX_HEAD_DIM:
         raise ValueError(f"{fn}: {qn} head_dim (last dimension) must be even and in 2..{MAX_HEAD_DIM}, got {D}")
     _same(fn, kn, (k_shape[0], k_shape[2]), (S, D), "(S, D) equal to q's")
-    # k against q before the gradients against k: a wrong k is named as such.
-    _same(fn, kn, k_dtype, q_dtype, f"the dtype of {qn}")
+    # q and k may differ in dtype (transformers casts each to float32 and back); a gradient
+    # comes in the dtype of its tensor, as autograd hands it over.
     for (name, shape, dtype, _), (of_name, of_shape, of_dtype, _) in zip(grads, heads):
         _same(fn, name, tuple(shape), tuple(of_shape), f"the shape of {of_name}")
         _same(fn, name, dtype, of_dtype, f"the dtype of {of_name}")
@@ -104,9 +103,9 @@ def _overlap(a, b):
     return rem != 0 or _self_overlapping((2, *a.shape), (step, *a.stride()))
 
 
-def check_out(fn, out, expected, inputs):
-    """out: the caller's output tensors; expected: [(name, shape, dtype, device)];
-    inputs: [(name, tensor)] that no output may overlap."""
+def check_out(fn, out, expected):
+    """out: the caller's output tensors; expected: [(name, shape, dtype, device)]. Where they
+    sit in memory is checked by check_out_memory, when the op runs."""
     if not isinstance(out, (tuple, list)) or len(out) != len(expected):
         raise TypeError(f"{fn}: out must be a tuple of {len(expected)} tensors ({', '.join(e[0] for e in expected)})")
     for t, (name, shape, dtype, device) in zip(out, expected):
@@ -117,19 +116,52 @@ def check_out(fn, out, expected, inputs):
         if t.dtype != dtype:
             raise TypeError(f"{fn}: {where} must have dtype {dtype}, got {t.dtype}")
         _same(fn, where, t.device, device, "device")
-        if _self_overlapping(t.shape, t.stride()):
-            raise ValueError(
-                f"{fn}: {where} has elements that share memory (strides {t.stride()}, e.g. an expanded "
-                "tensor); each output element needs its own memory"
-            )
-    # Addresses do not exist while torch.compile traces (fake tensors); eager calls check them.
-    if torch.compiler.is_compiling():
+        # Traced, strides may be symbolic (no sorting them): an expanded dimension is the
+        # layout whose elements share memory that a trace can see; the op checks the rest.
+        if torch.compiler.is_compiling() and any(st == 0 and n != 1 for n, st in zip(t.shape, t.stride())):
+            _raise_self_overlapping(fn, name, t)
+
+
+def check_out_autograd(fn, names, tensors):
+    """tensors: the out= buffers and the inputs of a call, names: theirs. Results written
+    into out= are not differentiable (as with torch's out= functions), so a tensor that
+    requires grad under grad mode, or that carries a forward-mode tangent, is refused rather
+    than its gradient lost without a word; under torch.no_grad() both are accepted."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        name = next(n for n, t in zip(names, tensors) if t.requires_grad)
+        what = "requires grad"
+    elif not torch.compiler.is_compiling() and forward_ad._current_level >= 0 and any(
+            forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        name = next(n for n, t in zip(names, tensors) if forward_ad.unpack_dual(t).tangent is not None)
+        what = "carries a forward-mode tangent"
+    else:
         return
-    for t, (name, *_) in zip(out, expected):
+    raise ValueError(
+        f"{fn}: {name} {what}, but results written into out= are not differentiable; call {fn} "
+        "without out= for differentiable results, or under torch.no_grad()"
+    )
+
+
+def _raise_self_overlapping(fn, name, t):
+    raise ValueError(
+        f"{fn}: out[{name}] has elements that share memory (strides {t.stride()}, e.g. an expanded "
+        "tensor); each output element needs its own memory"
+    )
+
+
+def check_out_memory(fn, out, inputs):
+    """out: [(name, tensor)] the op writes; inputs: [(name, tensor)] that no output may overlap.
+    Called in the op's implementation, which always runs on real tensors: under torch.compile
+    too (strides may be symbolic and addresses do not exist while it traces), before anything
+    is written."""
+    for name, t in out:
+        if _self_overlapping(t.shape, t.stride()):
+            _raise_self_overlapping(fn, name, t)
+    for name, t in out:
         for in_name, x in inputs:
             if _overlap(t, x):
                 raise ValueError(f"{fn}: out[{name}] overlaps the input {in_name}; outputs must not alias inputs")
-    for i, (a, ea) in enumerate(zip(out, expected)):
-        for b, eb in list(zip(out, expected))[i + 1:]:
+    for i, (a_name, a) in enumerate(out):
+        for b_name, b in out[i + 1:]:
             if _overlap(a, b):
-                raise ValueError(f"{fn}: out[{ea[0]}] and out[{eb[0]}] overlap; each output needs its own memory")
+                raise ValueError(f"{fn}: out[{a_name}] and out[{b_name}] overlap; each output needs its own memory")
