@@ -24,6 +24,7 @@ COMMANDS = {
     "host": "host time per call of each layer of the launch path, and of a never-seen S",
     "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
     "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary",
+    "card": "write CARD.md (the Hub card) from README.md's card part",
     "publish": "upload build/ and the card to branch v<version> of the Hub repo (or --dry-run, --to-cache)",
 }
 

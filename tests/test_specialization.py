@@ -314,3 +314,16 @@ def test_compile_reads_sdpa_gradient_in_place_gpu(kernel, gen, rotary_compiles):
         for name in ("X_q", "X_k"):
             src = node.kwargs["kwargs"][name]
             assert "clone" not in str(getattr(src, "target", "")), f"{name} is copied before the kernel"
+
+
+def test_qwen_call_shares_one_configuration_across_buckets(kernel, monkeypatch):
+    """The Qwen models' call (bf16, 16 + 16 heads of 72 or 80; forward and q/k-only backward)
+    gets one launch configuration in every S bucket on the H200, so a training run on images of
+    any sizes compiles one kernel per direction."""
+    tuning = importlib.import_module(f"{kernel.__name__}.tuning")
+    monkeypatch.setattr(tuning, "_device_props", lambda device: ("NVIDIA H200", 132))
+    for mode in ("fwd", "bwd_qk"):
+        for D in (72, 80):
+            configs = {tuple(tuning.config_for(mode, S, 16, 16, D, 2, torch.device("cpu")).items())
+                       for S in (1, 256, 257, 1024, 4096, 16384, 16385, 70001)}
+            assert len(configs) == 1, f"{mode} head_dim {D}: {configs}"
