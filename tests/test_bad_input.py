@@ -1,4 +1,4 @@
-"""DESIGN §7, the bad-input matrix: every public function, on every device.
+"""The bad-input matrix (docs/design.md, section 8): every public function, on every device.
 
 Each case asserts the exception type, that the message names the argument and
 what was expected, that no kernel ran (both compute paths are replaced by a

@@ -1,5 +1,5 @@
 """The offline build reproduces kernel-builder's torch-noarch output, and the kernels
-project's own parsers and digest check accept it (DESIGN.md sections 2 and 3)."""
+project's own parsers and digest check accept it."""
 
 import importlib.util
 import shutil

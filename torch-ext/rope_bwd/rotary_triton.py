@@ -17,7 +17,7 @@ of a row are read (and written) by one access, a last tile axis of 2, so the par
 comes from registers; cos/sin are evaluated once per
 token row and reused for all heads; the table gradient is a sum over heads in
 registers, in a fixed order (deterministic, no atomics). Small tiles on one
-warp measured fastest on the H200 (many programs in flight per SM); splitting
+warp measured fastest (many programs in flight per SM: benchmarks/NOTES.md); splitting
 the half dimension gives small-S launches enough programs to fill the GPU.
 
 Compiled once per layout, never per sequence length: training on images of many
@@ -228,10 +228,8 @@ def _encode(strides, S):
 
 def _row_store(half, itemsize, grad_table):
     """Whole rows per store instruction (see _store_halves) where half rows share sectors and
-    no table gradient is computed. H200, kernel time, best configuration of each (NOTES.md):
-    forward and q/k-only backward 1-7% faster at S >= 4096 (bf16 head_dim 72/80, fp32 head_dim
-    72; at S = 1024 within the timing noise); the backward with a table gradient 1-6% slower
-    (bf16 head_dim 72), so it keeps per-half stores."""
+    no table gradient is computed: faster there, slower with a table gradient, which keeps
+    per-half stores (benchmarks/NOTES.md, "Shipped at the stop of fcf609c")."""
     return not grad_table and (half * itemsize) % 32 != 0
 
 

@@ -57,16 +57,12 @@ def tuned_table(device_name: str) -> dict:
 
 
 def default_config(mode: str, S: int, R: int, D: int, elem_size: int, n_sm: int = 132) -> dict:
-    """Heuristic from a block-size sweep on the H200 (kernel time, cold L2; fp32 and bf16,
-    head_dim 72 and 128, S = 128 to 4096): one token per program; half rows of up to 64
-    channels.
+    """Heuristic from a block-size sweep (benchmarks/NOTES.md, "Default configuration"): one
+    token per program; half rows of up to 64 channels.
     - Few programs (S * channel blocks < 16 per SM in fp32, < 4 in 16-bit types, whose rows
-      are half as long: bf16 backward at S = 1024 took 13.1 us this way, 11 us with 64
-      channels in the sweep): 32 channels and all heads (up to 32
-      q+k) in one chunk on one warp, so that each program has all its loads in flight at
-      once; the half row is split further only to give every SM a program. More, smaller
-      programs measured slower (S = 128 fp32 backward: 4.2 us at 32 channels, 4.7 at 16;
-      bf16: 3.7 and 6.8).
+      are half as long): 32 channels and all heads (up to 32 q+k) in one chunk on one warp, so
+      that each program has all its loads in flight at once; the half row is split further
+      only to give every SM a program (more, smaller programs measured slower).
     - Many programs: 64 channels; 16 heads per chunk on one warp for the backward with a
       table gradient (twice the loads per head), else 32 heads on two warps."""
     half = D // 2
