@@ -22,6 +22,8 @@ COMMANDS = {
     "realcall": "time the real model's call (views of qkv, sdpa's gradient layout) against a copy and the peers",
     "coldstart": "first calls in fresh processes with empty Triton caches: ours and the peers",
     "host": "host time per call of each layer of the launch path, and of a never-seen S",
+    "copybound": "ours against the best plain Triton copy of each task's bytes on the 16 public workloads",
+    "ncu": "Nsight Compute counters of our kernel and of a streaming kernel over the same bytes: metrics, run, report",
     "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
     "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary",
     "publish": "upload build/ and the card to branch v<version> of the Hub repo (or --dry-run, --to-cache)",

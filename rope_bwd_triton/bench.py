@@ -607,6 +607,14 @@ def add_arguments(parser):
                         help="measure nothing: render the markdown and plot from saved JSON runs")
 
 
+def preset(*argv) -> argparse.Namespace:
+    """bench's arguments, as `python -m rope_bwd_triton bench <argv>` parses them, for the commands
+    that measure with bench's own code (demo, copybound)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
 def _peers(text):
     peers = [p for p in text.split(",") if p]
     unknown = sorted(set(peers) - set(PEERS))

@@ -69,6 +69,16 @@ def device(text: str) -> str:
     return text
 
 
+def existing_file(text: str):
+    """A file the command reads."""
+    from pathlib import Path
+
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return path
+
+
 def repo_id(text: str) -> str:
     """A Hub repository id, <namespace>/<name> (kernels looks kernels up by both)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id

@@ -34,14 +34,20 @@ CASES = [
     (["tune", "--calls", "0"], r"tune: error: argument --calls: must be a positive integer, got 0"),
     (["tune", "--jobs", "-1"], r"tune: error: argument --jobs: must be 0 or more, got -1"),
     (["tune", "--budget", "-1"], r"tune: error: argument --budget: must be a positive number, got -1"),
+    (["ncu"], r"ncu: error: the following arguments are required: \{metrics,run,report\}"),
+    (["ncu", "profile"], r"ncu: error: argument \{metrics,run,report\}: invalid choice: 'profile'"),
+    (["ncu", "report", "absent.csv", "--labels", "absent.json"], r"ncu report: error: argument csv: no such file: absent\.csv"),
+    (["ncu", "run"], r"ncu run: error: the following arguments are required: --labels"),
+    (["copybound", "--quick", "--json"], r"copybound: error: argument --json: expected one argument"),
 ]
 OUT_FLAGS = {"demo": ["--out"], "bench": ["--json", "--markdown", "--plot"], "e2e": ["--out"],
-             "tune": ["--out", "--log"], "publish": ["--to-cache"]}
+             "tune": ["--out", "--log"], "publish": ["--to-cache"], "copybound": ["--json"],
+             "ncu": [], "ncu report": ["--markdown"]}
 
 
 def outputs_into(argv, out):
     """argv with every output of the command pointed into `out` (which must stay absent)."""
-    flags = OUT_FLAGS[argv[0]]
+    flags = OUT_FLAGS.get(" ".join(argv[:2]), OUT_FLAGS[argv[0]])
     if argv[0] == "publish":  # --dry-run and --to-cache exclude each other: the dry run writes nothing
         return argv
     return argv + [x for i, f in enumerate(flags) for x in (f, str(out / f"{i}-{f.strip('-')}"))]
@@ -77,6 +83,26 @@ def test_bench_on_cuda_without_one(capsys, tmp_path):
 def test_tune_without_a_gpu_or_the_interpreter(capsys, tmp_path):
     out = tmp_path / "out"
     expect_usage_error(capsys, outputs_into(["tune"], out), r"tune: error: tuning times the Triton kernel: it needs a CUDA GPU")
+    assert not out.exists()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the machine has a CUDA GPU")
+@pytest.mark.parametrize("argv,match", [
+    (["copybound"], r"copybound: error: copybound times Triton kernels: it needs a CUDA GPU"),
+    (["ncu", "run", "--labels"], r"ncu: error: ncu run launches our kernel on a CUDA GPU"),
+])
+def test_gpu_commands_without_one(capsys, tmp_path, argv, match):
+    out = tmp_path / "out"
+    argv = argv + [str(out / "labels.json")] if argv[-1] == "--labels" else outputs_into(argv, out)
+    expect_usage_error(capsys, argv, match)
+    assert not out.exists()
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter is on")
+def test_copybound_quick_without_the_interpreter(capsys, tmp_path):
+    out = tmp_path / "out"
+    expect_usage_error(capsys, outputs_into(["copybound", "--quick"], out),
+                       r"copybound: error: --quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1")
     assert not out.exists()
 
 

@@ -1,6 +1,6 @@
-"""benchmarks/copy_bound.py end to end on the CPU: ours and the Triton copies run in Triton's
-interpreter (a subprocess with TRITON_INTERPRET=1), every copy is checked against its source and
-ours against float64 inside the script; the timings mean nothing there."""
+"""`python -m rope_bwd_triton copybound` end to end on the CPU: ours and the Triton copies run in
+Triton's interpreter (a subprocess with TRITON_INTERPRET=1), every copy is checked against its
+source and ours against float64 inside the command; the timings mean nothing there."""
 
 import json
 import os
@@ -9,18 +9,17 @@ import sys
 
 from rope_bwd_triton import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "benchmarks" / "copy_bound.py"
 TASKS = {"bwd", "bwd_qk", "bwd_bf16", "fwd", "fwd_bf16"}
 
 
 def test_quick_run_writes_every_task(tmp_path):
     out = tmp_path / "copy_bound.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "rope_bwd_triton", "copybound", "--quick", "--json", str(out)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = json.loads(out.read_text())
-    assert run["meta"]["command"] == f"python benchmarks/copy_bound.py --quick --json {out}"
+    assert run["meta"]["command"] == f"python -m rope_bwd_triton copybound --quick --json {out}"
     assert run["meta"]["gpu"] is None and run["meta"]["versions"]["torch"]
     configs = [tuple(c) for c in run["configs"]]
     (row,) = run["workloads"]

@@ -1,27 +1,22 @@
-"""What a kernel that only streams a task's bytes takes at the suite's sizes: on the 16 public
-workloads, ours (the benchmark's own calls, verification and timer) against the best of a few
-plain Triton copies of each task's floor bytes (half read, half written, int32 elements) and the
-benchmark's device copy. The floor (bytes / bandwidth of a 1 GiB copy) has no per-call cost; a
-streaming kernel pays its launch, first DRAM round trip and tail at every size, so its suite mean
-shows how close to the floor any kernel that moves these bytes gets on this GPU.
+"""`python -m rope_bwd_triton copybound`: what a kernel that only streams a task's bytes takes
+at the suite's sizes. On the 16 public workloads, ours (the benchmark's own calls, verification
+and timer) against the best of a few plain Triton copies of each task's floor bytes (half read,
+half written, int32 elements) and the benchmark's device copy. The floor (bytes / bandwidth of a
+1 GiB copy) has no per-call cost; a streaming kernel pays its launch, first DRAM round trip and
+tail at every size, so its suite mean shows how close to the floor any kernel that moves these
+bytes gets on this GPU.
 
-Run: `python benchmarks/copy_bound.py --json out.json` (h200.sh stage `copybound`); `--quick`
-exercises the code path on the CPU (TRITON_INTERPRET=1; the timings mean nothing there)."""
+`--quick` exercises the code path on the CPU in Triton's interpreter (TRITON_INTERPRET=1): one
+tiny workload, the timings mean nothing there."""
 
-import argparse
 import json
 import os
 import shlex
 import statistics
 import sys
+from pathlib import Path
 
-import torch
-import triton
-from tqdm import tqdm
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rope_bwd_triton import bench, suite, timing  # noqa: E402
-from rope_bwd_triton.load import load_kernel  # noqa: E402
+from . import REPO_ROOT, cli
 
 CONFIGS = ((2048, 4), (4096, 8), (8192, 8))  # (BLOCK, num_warps): the copy's best is kept per size
 SAME_BYTES = {"fwd": "bwd_qk"}  # tasks whose floor bytes equal another's: its copy is timed once
@@ -29,6 +24,11 @@ SAME_BYTES = {"fwd": "bwd_qk"}  # tasks whose floor bytes equal another's: its c
 
 def best_copy(timer, nbytes):
     """(mean us, BLOCK, num_warps) of the fastest CONFIGS copy of nbytes // 2 bytes."""
+    import torch
+    import triton
+
+    from .timing import rope_bench_copy
+
     n = nbytes // 8
     src = torch.randint(0, 1 << 20, (n,), dtype=torch.int32, device=timer.device)
     dst = torch.empty_like(src)
@@ -36,8 +36,7 @@ def best_copy(timer, nbytes):
     for block, warps in CONFIGS:
         def copy():
             # the timer's own copy kernel, loads at the default eviction priority
-            timing.rope_bench_copy[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, EVICTION="",
-                                                              num_warps=warps)
+            rope_bench_copy[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, EVICTION="", num_warps=warps)
         dst.fill_(-1)
         copy()
         if not torch.equal(src, dst):
@@ -48,16 +47,19 @@ def best_copy(timer, nbytes):
     return best
 
 
-def measure(device, seq_lens, H, D, calls, copy_mib, command):
+def measure(device, seq_lens, H, D, calls, copy_mib):
+    from tqdm import tqdm
+
+    from . import bench, timing
+    from .load import load_kernel
+
     kernel = load_kernel()
     timer = timing.ColdL2Timer(device, calls=calls, primary="span")
     bandwidth = timing.copy_bandwidth(timer, copy_mib << 20)["GBps"]
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    args = parser.parse_args(["--peers", "copy"])
+    args = bench.preset("--peers", "copy")
     impls = [i for i in bench.IMPLS if i.peer in (None, "copy")]
-    run = {"meta": bench.run_meta(kernel, timer, calls, command), "copy_GBps": bandwidth, "configs": CONFIGS,
-           "workloads": []}
+    meta = bench.run_meta(kernel, timer, calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
+    run = {"meta": meta, "copy_GBps": bandwidth, "configs": CONFIGS, "workloads": []}
     bar = tqdm(total=len(seq_lens) * len(impls), desc="copy-bound", unit="run", file=sys.stderr)
     for S in seq_lens:
         w = bench.measure_workload(kernel, impls, timer, bandwidth, "suite", S, H, D, args, bar)
@@ -92,18 +94,28 @@ def summary(run) -> list:
     return out
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", required=True)
-    p.add_argument("--quick", action="store_true", help="CPU code-path check: one tiny workload")
-    a = p.parse_args(argv)
-    command = "python benchmarks/copy_bound.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    if a.quick:
-        run = measure("cpu", bench.QUICK["seq_lens"][:1], bench.QUICK["heads"], bench.QUICK["head_dim"], 2, 1, command)
+def add_arguments(parser):
+    parser.add_argument("--json", type=Path, default=REPO_ROOT / "results" / "copy-bound.json")
+    parser.add_argument("--quick", action="store_true",
+                        help="CPU code-path check in Triton's interpreter (TRITON_INTERPRET=1): one tiny workload")
+
+
+def main(args) -> int:
+    import torch
+
+    from . import bench, suite
+
+    if args.quick:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise cli.UsageError("--quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1")
+        q = bench.QUICK
+        run = measure("cpu", q["seq_lens"][:1], q["heads"], q["head_dim"], 2, 1)
+    elif not torch.cuda.is_available():
+        raise cli.UsageError("copybound times Triton kernels: it needs a CUDA GPU (or --quick with TRITON_INTERPRET=1)")
     else:
-        run = measure("cuda", suite.SEQ_LENS, suite.HEADS, suite.HEAD_DIM, 20, 1024, command)
-    with open(a.json, "w") as f:
-        json.dump(run, f, indent=1)
+        run = measure("cuda", suite.SEQ_LENS, suite.HEADS, suite.HEAD_DIM, 20, 1024)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(run, indent=1) + "\n")
     print(f"means over {len(run['workloads'])} workloads, us (x floor); {run['meta']['gpu'] or 'CPU'}, "
           f"copy {run['copy_GBps']:.0f} GB/s")
     print("task       floor  ours            triton copy     device copy")
@@ -111,7 +123,3 @@ def main(argv=None):
         print(f"{task:9s} {floor:6.2f}  {ours:6.2f} ({ours / floor:.3f}x)  {tcopy:6.2f} ({tcopy / floor:.3f}x)"
               f"  {dcopy:6.2f} ({dcopy / floor:.3f}x)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
