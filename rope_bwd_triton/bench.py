@@ -28,12 +28,9 @@ mean nothing.
 import argparse
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from . import REPO_ROOT, cli
@@ -307,45 +304,12 @@ def _workloads(args):
     return out
 
 
-def _versions():
-    import importlib.metadata
-
-    import torch
-    import triton
-
-    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-             "triton": triton.__version__}
-    for dist in ("kernels", "liger-kernel"):
-        try:
-            found[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[dist] = None
-    return found
-
-
-def run_meta(kernel, timer, calls, command) -> dict:
-    """What a recorded run needs to be read and redone: date, command, kernel variant, versions,
-    timer; on CUDA the GPU's name, SM count and L2 size."""
-    import torch
-
-    meta = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
-        "device": str(timer.device), "kernel_variant": kernel.__name__, "versions": _versions(),
-        "calls": calls, "timer": timer.method, "timer_other": timer.other,
-    }
-    if timer.cuda:
-        props = torch.cuda.get_device_properties(timer.device)
-        meta.update(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
-    else:
-        meta.update(gpu=None, note="CPU run: code-path check only, the timings mean nothing")
-    return meta
-
-
 def measure(args) -> dict:
     import torch
     from tqdm import tqdm
 
     from .load import load_kernel, load_other
+    from .runmeta import run_meta
     from .timing import ColdL2Timer, copy_bandwidth, flush_check
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -359,7 +323,7 @@ def measure(args) -> dict:
         impls += [Impl("ab_" + i.name, f"A/B {other.__name__}: {i.label}", i.task, None,
                        lambda _, x, make=i.make: make(other, x)) for i in impls if i.peer is None]
     workloads = _workloads(args)
-    meta = run_meta(kernel, timer, args.calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
+    meta = run_meta(timer.device, kernel=kernel, timer=timer)
     measured = []
     with tqdm(total=len(workloads) * len(impls), desc="bench", unit="run", file=sys.stderr) as bar:
         for set_name, S, H, D in workloads:

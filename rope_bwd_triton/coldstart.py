@@ -131,9 +131,10 @@ def markdown(runs, meta) -> str:
         rows.append([r["impl"], f"{r['load_s'] * 1e3:.0f}", f"{first['ms']:.0f}",
                      f"{statistics.median(new):.1f} ({min(new):.1f}-{max(new):.1f})", f"{again[-1]:.2f}",
                      "—" if compiles is None else f"{compiles[0]} then {sum(compiles[1:])}", ""])
+    v = meta["versions"]
     head = (f"First calls of the real call (bf16, {meta['heads']} heads x {meta['head_dim']}, sdpa's gradient "
             f"layout), each implementation in a fresh process with empty Triton/inductor caches; {meta['gpu']}, "
-            f"torch {meta['torch']}, triton {meta['triton']}; {meta['date']}. New sizes after the first: "
+            f"torch {v['torch']}, triton {v['triton']}; {meta['date']}. New sizes after the first: "
             f"{', '.join(map(str, meta['sizes'][1:]))}.")
     return head + "\n\n" + _table(
         ["implementation", "load ms", "first fwd+bwd ms", "each new size ms: median (range)", "a seen size ms",
@@ -159,12 +160,10 @@ def main(args) -> int:
         Path(args.result).write_text(json.dumps(child(args.child, args.sizes, args.heads, args.head_dim,
                                                       args.profile_to)))
         return 0
-    from datetime import datetime, timezone
-
     import torch
-    import triton
 
     from .build import build_variants, repo_id
+    from .runmeta import run_meta
 
     unknown = set(args.impls) - set(IMPLS)
     if unknown:
@@ -175,10 +174,7 @@ def main(args) -> int:
     os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
     with tempfile.TemporaryDirectory() as tmp:
         runs = [run_fresh(impl, args, Path(tmp)) for impl in args.impls]
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "sizes": args.sizes,
-            "heads": args.heads, "head_dim": args.head_dim,
-            "command": "python -m rope_bwd_triton coldstart " + " ".join(sys.argv[2:])}
+    meta = run_meta("cuda", sizes=args.sizes, heads=args.heads, head_dim=args.head_dim)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
     text = markdown(runs, meta)

@@ -11,7 +11,6 @@ tiny workload, the timings mean nothing there."""
 
 import json
 import os
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -52,14 +51,15 @@ def measure(device, seq_lens, H, D, calls, copy_mib):
 
     from . import bench, timing
     from .load import load_kernel
+    from .runmeta import run_meta
 
     kernel = load_kernel()
     timer = timing.ColdL2Timer(device, calls=calls, primary="span")
     bandwidth = timing.copy_bandwidth(timer, copy_mib << 20)["GBps"]
     args = bench.preset("--peers", "copy")
     impls = [i for i in bench.IMPLS if i.peer in (None, "copy")]
-    meta = bench.run_meta(kernel, timer, calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
-    run = {"meta": meta, "copy_GBps": bandwidth, "configs": CONFIGS, "workloads": []}
+    run = {"meta": run_meta(device, kernel=kernel, timer=timer), "copy_GBps": bandwidth, "configs": CONFIGS,
+           "workloads": []}
     bar = tqdm(total=len(seq_lens) * len(impls), desc="copy-bound", unit="run", file=sys.stderr)
     for S in seq_lens:
         w = bench.measure_workload(kernel, impls, timer, bandwidth, "suite", S, H, D, args, bar)

@@ -76,6 +76,7 @@ def main(args) -> int:
 
     from . import suite
     from .load import load_kernel
+    from .runmeta import run_meta
     from .timing import ColdL2Timer, bandwidth_GBps, copy_bandwidth, time_us
 
     kernel = load_kernel()
@@ -109,8 +110,7 @@ def main(args) -> int:
         print(line)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": where, "torch": torch.__version__, "triton": triton.__version__, "kernel": kernel.__name__,
-            "timing": timer.method, "copy_GBps": bandwidth}
+    meta = run_meta(device, kernel=kernel, timer=timer, copy_GBps=bandwidth)
     (args.out / "demo.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     plotted = _plot(rows, args.out / "demo.png", on_gpu)
     print(f"wrote {args.out / 'demo.json'}" + (f" and {args.out / 'demo.png'}" if plotted else ""))

@@ -296,14 +296,19 @@ def paired_vs_bound(report, tokens):
 
 
 def markdown(report, meta) -> str:
-    timer = "CUDA events" if meta["device"] != "CPU" else "wall clock"
+    from .runmeta import recorded_versions
+
+    # e2e.json files written before run_meta hold no "gpu": their "device" is the GPU's name or CPU
+    where = meta.get("gpu", meta["device"]) or "CPU"
+    v = recorded_versions(meta)
+    timer = "CUDA events" if where != "CPU" else "wall clock"
     compiled = (", every variant torch.compile'd (kernelize with Mode.TRAINING | Mode.TORCH_COMPILE, "
                 "then nn.Module.compile; the warm-up steps compile)") if meta.get("compile") else ""
     lines = [
-        f"Qwen3-Omni vision encoder training step (fwd+bwd){compiled}, {meta['device']}, {meta['dtype']}, "
+        f"Qwen3-Omni vision encoder training step (fwd+bwd){compiled}, {where}, {meta['dtype']}, "
         f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
         f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
-        f"(torch {meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}).",
+        f"(torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}).",
         "",
         "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) | kernelized vs bound "
         f"| same, paired by round: median (rounds within {100 * TARGET:.0f}%) | speedup vs eager |",
@@ -329,7 +334,7 @@ def markdown(report, meta) -> str:
         "layer; close to the step time means host-bound), host wall = until the device is done; "
         "rounds = the lowest and highest per-round median."
         + (" Kernels: one more step under torch.profiler"
-           + (" (on CPU: the leaf operators, rotary = inside a rotary operator)" if meta["device"] == "CPU"
+           + (" (on CPU: the leaf operators, rotary = inside a rotary operator)" if where == "CPU"
               else " (memcpy/memset not counted), rotary = kernels whose name mentions rotary")
            + "; idle = step - kernel time, the device waiting for the host." if profile else ""),
         "",
@@ -407,8 +412,7 @@ def main(args) -> int:
         saved = json.loads(args.from_json.read_text())
         print(markdown({k: v for k, v in saved.items() if k != "meta"}, saved["meta"]))
         return 0
-    import transformers
-    import triton
+    from .runmeta import run_meta
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
@@ -431,14 +435,10 @@ def main(args) -> int:
     results, frames = run(tokens=tokens, repo_id=args.repo_id, device=device, dtype=dtype, model_config=config,
                           warmup=warmup, rounds=rounds, per_round=iters // rounds,
                           profile_dir=args.out if args.profile else None, compile=args.compile)
-    meta = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-        "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "iters": iters,
-        "rounds": rounds, "steps_per_round": iters // rounds,
-        "model": ", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
-        "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
-        "repo_id": args.repo_id, "compile": args.compile,
-    }
+    meta = run_meta(device, dtype=str(dtype).removeprefix("torch."), warmup=warmup, iters=iters, rounds=rounds,
+                    steps_per_round=iters // rounds,
+                    model=", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
+                    repo_id=args.repo_id, compile=args.compile)
     report = summarize(results, rounds)
     if frames:
         report["compiled_frames"] = frames

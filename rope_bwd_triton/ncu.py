@@ -59,6 +59,7 @@ def run(args):
 
     from . import bench
     from .load import load_kernel
+    from .runmeta import run_meta
     from .suite import floor_bytes
 
     kernel = load_kernel()
@@ -84,7 +85,7 @@ def run(args):
         torch.cuda.nvtx.range_pop()
         name = f"{task} S={S} D={D}" + (f", launched as D={config_of}" if config_of else "")
         labels += [(name, "ours"), (name, "torch.neg, same bytes")]
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "kernel_variant": kernel.__name__}
+    meta = run_meta("cuda", kernel=kernel)
     args.labels.parent.mkdir(parents=True, exist_ok=True)
     args.labels.write_text(json.dumps({"meta": meta, "kernels": labels}, indent=1) + "\n")
 
@@ -105,6 +106,8 @@ def _backward_with_config_of(kernel, x, head_dim):
 
 
 def report(args):
+    from .runmeta import recorded_versions
+
     labels = json.loads(args.labels.read_text())
     # ncu's CSV: its own log lines, then a header row, a units row and one row per kernel in launch order
     lines = [line for line in args.csv.read_text().splitlines() if line.startswith('"')]
@@ -120,7 +123,8 @@ def report(args):
                  for name, (_, scale, fmt) in COLUMNS.items()]
         out.append(f"| {workload} | {what} | " + " | ".join(cells) + " |")
     meta = labels["meta"]
-    text = (f"Device: {meta['gpu']}; torch {meta['torch']}; kernel variant `{meta['kernel_variant']}`\n\n"
+    text = (f"Device: {meta['gpu']}; torch {recorded_versions(meta)['torch']}; "
+            f"kernel variant `{meta['kernel_variant']}`\n\n"
             + "\n".join(out) + "\n")
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

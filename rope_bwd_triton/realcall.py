@@ -15,7 +15,6 @@ of the forward's bytes and one of the backward's.
 """
 
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -137,8 +136,9 @@ def measure(args) -> dict:
     import torch
     from tqdm import tqdm
 
-    from .bench import _rows, run_meta
+    from .bench import _rows
     from .load import load_kernel, load_other
+    from .runmeta import run_meta
     from .timing import ColdL2Timer
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -148,8 +148,7 @@ def measure(args) -> dict:
     impls = implementations(kernel, others, set(args.peers))
     workloads = [(dt, D, lay, S) for dt in args.dtypes for D in args.head_dims for lay in args.layouts
                  for S in args.seq_lens]
-    meta = run_meta(kernel, timer, args.calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
-    meta.update(heads=args.heads, ab=[str(p) for p in args.ab or ()])
+    meta = run_meta(device, kernel=kernel, timer=timer, heads=args.heads, ab=[str(p) for p in args.ab or ()])
     rows_out = []
     n_runs = len(workloads) * (len(impls) + ("copy" in args.peers))
     with tqdm(total=n_runs, desc="realcall", unit="run", file=sys.stderr) as bar:

@@ -232,6 +232,7 @@ def run(args) -> dict:
     import torch
 
     from .load import load_kernel
+    from .runmeta import run_meta
     from .timing import ColdL2Timer
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -249,7 +250,9 @@ def run(args) -> dict:
         key=lambda j: priority(j[1], j[2]),
     )
     start = time.monotonic()
-    report = {"device": name, "out": str(out), "buckets": {}, "not_tuned": []}
+    # "device" names the table file (tuning.device_file)
+    report = {"meta": run_meta(device, kernel=kernel, timer=timer), "device": name, "out": str(out), "buckets": {},
+              "not_tuned": []}
     if device.type == "cuda" and args.jobs > 0:
         done, asked = precompile([(m, dt, D, args.seq_lens or S_REPS[sb]) for m, dt, D, sb in jobs], H, args.seed,
                                  args.jobs, time.time() + args.budget / 2)

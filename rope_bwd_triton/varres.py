@@ -80,7 +80,7 @@ def child(variant, sides, repo_id, config) -> dict:
 def run(args, save=None) -> dict:
     """Every variant in its own fresh process; {"meta", "runs"}. save(report) after each
     variant, so that a run stopped midway keeps what it measured."""
-    runs = []
+    runs, meta = [], _meta(args)
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
             result = Path(tmp) / f"{variant}.json"
@@ -98,31 +98,26 @@ def run(args, save=None) -> dict:
             else:
                 runs.append(json.loads(result.read_text()))
             if save:
-                save({"meta": _meta(args), "runs": runs})
-    return {"meta": _meta(args), "runs": runs}
+                save({"meta": meta, "runs": runs})
+    return {"meta": meta, "runs": runs}
 
 
 def _meta(args) -> dict:
-    from datetime import datetime, timezone
-
     import torch
-    import transformers
-    import triton
 
     from . import e2e
+    from .runmeta import run_meta
 
     config = e2e.QUICK_OMNI if args.quick else {**e2e.REAL_OMNI, "depth": args.depth}
-    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (code-path check only)",
-            "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "model": ", ".join(f"{k} {v}" for k, v in config.items()) + ", bf16, sdpa, one image per step",
-            "command": "python -m rope_bwd_triton " + " ".join(sys.argv[1:])}
+    return run_meta("cuda" if torch.cuda.is_available() else "cpu",
+                    model=", ".join(f"{k} {v}" for k, v in config.items()) + ", bf16, sdpa, one image per step")
 
 
 def markdown(report) -> str:
     from .bench import _table
 
     meta = report["meta"]
+    v = meta["versions"]
     rows = []
     for r in report["runs"]:
         if "error" in r:
@@ -134,6 +129,6 @@ def markdown(report) -> str:
     return (f"Training on images of varying resolution: Qwen3-Omni vision encoder ({meta['model']}); one "
             f"forward + backward per image, {len(tokens)} images of {', '.join(map(str, tokens))} tokens, two passes; "
             f"each variant in a fresh process with empty Triton/inductor caches; wall time until the GPU is done. "
-            f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}; "
-            f"{meta['date']}. Command: `{meta['command']}`\n\n"
+            f"{meta['gpu'] or 'CPU (code-path check only)'}, torch {v['torch']}, triton {v['triton']}, "
+            f"transformers {v['transformers']}; {meta['date']}. Command: `{meta['command']}`\n\n"
             + _table(["variant", "first pass ms", "second pass ms", "second pass, median step ms", "note"], rows) + "\n")
