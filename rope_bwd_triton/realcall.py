@@ -121,7 +121,6 @@ def _verify(last, x, rows, dtype_name):
     import torch
 
     from . import suite
-    from .bench import TOLERANCE
 
     pick = rows.to(x["q"].device)
     leaves = [x[n].detach()[pick].cpu().double().requires_grad_() for n in ("q", "k")]
@@ -129,7 +128,7 @@ def _verify(last, x, rows, dtype_name):
     outs = suite.reference_vision_forward(*leaves, *tables)
     grads = torch.autograd.grad(outs, leaves, [x[n][pick].cpu().double() for n in ("gq", "gk")])
     err = max(suite.rel_err(o[pick], r) for o, r in zip(last, (*outs, *grads)))
-    return {"max_rel_err": err, "ok": err <= TOLERANCE[dtype_name]}
+    return {"max_rel_err": err, "ok": err <= suite.TOLERANCE[dtype_name]}
 
 
 def measure(args) -> dict:
