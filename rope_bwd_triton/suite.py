@@ -6,6 +6,10 @@ tests/reference.py (the package tests need them where the toolkit is absent: hub
 CI); the tolerances, the benchmark's pass rule and the byte floors are the toolkit's own.
 """
 
+# rotate_half here is the toolkit's one (peers.py). The package keeps its own (rotary_torch: it
+# stands alone on the Hub), and so does tests/reference.py: it states the math independently of
+# the package, in float64, for the package tests. benchmarks/benchmark.py runs alone from a Hub
+# snapshot and has its own too.
 from tests.reference import (  # noqa: F401  (re-exported)
     HEAD_DIM, HEADS, SEQ_LENS, SOL_ATOL, SOL_RTOL, make_inputs, reference_backward, reference_forward,
     reference_vision_forward, rel_err, rotate_half, sol_pass_fraction,
