@@ -136,19 +136,21 @@ def time_variants(variants, install, inputs, *, warmup, rounds, per_round, after
     variant in turn, the order rotated each round, so that drift (clocks, temperature,
     allocator) is shared by all variants. {variant: [(step, enqueue, wall) ms, ...]}.
     after_warmup() is called between the two."""
-    names = list(variants)
-    for name in names:
+    from .timing import interleave
+
+    for name in variants:
         install(name)
         for _ in range(warmup):
             timed_step(variants[name], *inputs)
     if after_warmup:
         after_warmup()
-    steps = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            install(name)
-            steps[name] += [timed_step(variants[name], *inputs) for _ in range(per_round)]
-    return steps
+
+    def turn(name):
+        install(name)
+        return [timed_step(variants[name], *inputs) for _ in range(per_round)]
+
+    turns = interleave(variants, turn, rounds, rotate=True)
+    return {name: [s for steps in each for s in steps] for name, each in turns.items()}
 
 
 def _mentions_rotary(event):

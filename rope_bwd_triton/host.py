@@ -16,18 +16,23 @@ from .load import load_kernel, submodule
 
 def per_call_us(rows, n=200, rounds=15):
     """{name: (median, best) us per call}, the rows interleaved pass by pass."""
+    from .timing import interleave
+
     for fn in rows.values():
         for _ in range(20):
             fn()
     torch.cuda.synchronize()
-    passes = {name: [] for name in rows}
-    for _ in range(rounds):
-        for name, fn in rows.items():
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            passes[name].append((time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
+
+    def one_pass(name):
+        fn = rows[name]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        us = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        return us
+
+    passes = interleave(rows, one_pass, rounds)
     return {name: (statistics.median(p), min(p)) for name, p in passes.items()}
 
 

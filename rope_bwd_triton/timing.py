@@ -29,6 +29,9 @@ A caller that times many candidates and needs only the events can pass
 On a CPU device the same interface times wall clock without a cache flush and
 without a profiler (`Stats.other` is None): only there to exercise the code
 path, the numbers mean nothing.
+
+`interleave` takes turns round by round, for the commands that time several
+things by the host's clock or over whole steps (host, e2e).
 """
 
 import contextlib
@@ -282,6 +285,20 @@ class ColdL2Timer:
             self._flushes[first:] = [False] * n  # redone: these calls are not timed
             sleep_us *= 4
         raise RuntimeError(f"the host could not enqueue {n} calls within a {sleep_us / 4:.0f} us GPU sleep")
+
+
+def interleave(names, turn, rounds: int, *, rotate: bool = False) -> dict:
+    """{name: [turn(name) of each round]}: `rounds` rounds in which every name takes its turn, so
+    that drift of the machine (clocks, temperature, a noisy host) lands on every name alike rather
+    than on whichever ran then. rotate: each round starts one name later (e2e), so that none
+    always follows the same one."""
+    names = list(names)
+    out = {name: [] for name in names}
+    for r in range(rounds):
+        first = r % len(names) if rotate else 0
+        for name in names[first:] + names[:first]:
+            out[name].append(turn(name))
+    return out
 
 
 def time_us(nbytes: float, GBps: float) -> float:
