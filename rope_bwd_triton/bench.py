@@ -314,8 +314,7 @@ def measure(args) -> dict:
     kernel = load_kernel()
     timer = ColdL2Timer(device, calls=args.calls, primary=args.timer)
     copy = copy_bandwidth(timer, args.copy_mib << 20)
-    peers = set(args.peers)
-    impls = [i for i in IMPLS if i.peer is None or i.peer in peers]
+    impls = [i for i in IMPLS if i.task in args.tasks and (i.peer is None or i.peer in args.peers)]
     if args.ab:  # the same calls of another build, in this process
         other = load_other(args.ab)
         impls += [Impl("ab_" + i.name, f"A/B {other.__name__}: {i.label}", i.task, None,
@@ -555,7 +554,9 @@ def add_arguments(parser):
     parser.add_argument("--calls", type=cli.positive_int, default=None, help="timed calls per workload (default 40)")
     parser.add_argument("--timer", choices=("events", "span"), default="span",
                         help="primary figure: kernel span (CUPTI) or CUDA events; both are recorded (default: span)")
-    parser.add_argument("--peers", type=_peers, default=list(PEERS),
+    parser.add_argument("--tasks", type=cli.subset_of(TASKS, "tasks"), default=list(TASKS),
+                        help=f"comma-separated subset of {','.join(TASKS)} (default: all)")
+    parser.add_argument("--peers", type=cli.subset_of(PEERS, "peers"), default=list(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)} (default: all)")
     parser.add_argument("--copy-mib", type=cli.positive_int, default=None, help="copy-bandwidth buffer (default 1024)")
     parser.add_argument("--verify-tokens", type=cli.positive_int, default=4096, help="token rows verified per workload")
@@ -565,7 +566,7 @@ def add_arguments(parser):
     parser.add_argument("--json", type=Path, default=out / "bench.json")
     parser.add_argument("--markdown", type=Path, default=out / "bench.md")
     parser.add_argument("--plot", type=Path, default=out / "bench.png")
-    parser.add_argument("--from-json", type=Path, nargs="+",
+    parser.add_argument("--from-json", type=cli.existing_file, nargs="+",
                         help="measure nothing: render the markdown and plot from saved JSON runs")
 
 
@@ -575,14 +576,6 @@ def preset(*argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return parser.parse_args(argv)
-
-
-def _peers(text):
-    peers = [p for p in text.split(",") if p]
-    unknown = sorted(set(peers) - set(PEERS))
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown peers {unknown}; choose from {','.join(PEERS)}")
-    return peers
 
 
 def main(args) -> int:

@@ -43,6 +43,17 @@ def positive_float(text: str) -> float:
     return x
 
 
+def subset_of(choices, what: str):
+    """The argparse type of a comma-separated subset of `choices` (empty allowed), in the order given."""
+    def parse(text: str) -> list:
+        picked = [c for c in text.split(",") if c]
+        unknown = sorted(set(picked) - set(choices))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; choose from {','.join(choices)}")
+        return picked
+    return parse
+
+
 def head_dim(text: str) -> int:
     """What the package accepts: even, 2..256."""
     d = _int(text)

@@ -142,7 +142,7 @@ def markdown(runs, meta) -> str:
 
 
 def add_arguments(parser):
-    parser.add_argument("--impls", type=lambda s: [p for p in s.split(",") if p], default=list(IMPLS),
+    parser.add_argument("--impls", type=cli.subset_of(IMPLS, "implementations"), default=list(IMPLS),
                         help=f"comma-separated subset of {','.join(IMPLS)}")
     parser.add_argument("--sizes", type=cli.positive_int, nargs="+", default=list(SIZES))
     parser.add_argument("--heads", type=cli.positive_int, default=16)
@@ -165,9 +165,6 @@ def main(args) -> int:
     from .build import build_variants, repo_id
     from .runmeta import run_meta
 
-    unknown = set(args.impls) - set(IMPLS)
-    if unknown:
-        raise cli.UsageError(f"--impls: unknown {sorted(unknown)}; choose from {','.join(IMPLS)}")
     if not torch.cuda.is_available():
         raise cli.UsageError("coldstart needs a CUDA GPU (it times Triton compilations and GPU calls)")
     build_variants()

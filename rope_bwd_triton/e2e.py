@@ -374,14 +374,14 @@ def add_arguments(parser):
                         help="torch.compile every variant (kernelize with Mode.TORCH_COMPILE too); "
                              "the warm-up steps compile, so give at least one")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for e2e.json and e2e.md")
-    parser.add_argument("--from-json", type=Path, metavar="E2E_JSON",
+    parser.add_argument("--from-json", type=cli.existing_file, metavar="E2E_JSON",
                         help="print the tables of a saved e2e.json (no run)")
     parser.add_argument("--varres", action="store_true",
                         help="training on images of varying resolution: each variant in a fresh process, "
                              "one step per image over --varres-sides, two passes (varres.py)")
     parser.add_argument("--varres-sides", type=cli.positive_int, nargs="+", default=list(varres.SIDES),
                         help="image sides in patches for --varres")
-    parser.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=list(varres.VARIANTS),
+    parser.add_argument("--variants", type=cli.subset_of(varres.VARIANTS, "variants"), default=list(varres.VARIANTS),
                         help=f"variants for --varres, of {','.join(varres.VARIANTS)}")
     parser.add_argument("--depth", type=cli.positive_int, default=4, help="encoder depth for --varres")
     parser.add_argument("--varres-child", help=argparse.SUPPRESS)  # the parent's call of each fresh process
@@ -398,9 +398,6 @@ def main(args) -> int:
         args.varres_result.write_text(json.dumps(result))
         return 0
     if args.varres:
-        unknown = set(args.variants) - set(varres.VARIANTS)
-        if unknown:
-            raise cli.UsageError(f"--variants: unknown {sorted(unknown)}; choose from {','.join(varres.VARIANTS)}")
         args.out.mkdir(parents=True, exist_ok=True)
 
         def save(report):

@@ -250,7 +250,7 @@ def add_arguments(parser):
     parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), default=["bfloat16"])
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
                         help="upstream gradient: sdpa's [1, H, S, D] transposed, or flash-attention's [S, H, D]")
-    parser.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p], default=list(PEERS),
+    parser.add_argument("--peers", type=cli.subset_of(PEERS, "peers"), default=list(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)}")
     parser.add_argument("--ab", type=Path, nargs="+",
                         help="also time other builds of ours: checkouts with build/ (A/B in one process)")
@@ -268,9 +268,6 @@ def main(args) -> int:
     if args.quick:
         args.seq_lens, args.head_dims, args.heads, args.calls = (list(QUICK["seq_lens"]), list(QUICK["head_dims"]),
                                                                  QUICK["heads"], QUICK["calls"])
-    unknown = set(args.peers) - set(PEERS)
-    if unknown:
-        raise cli.UsageError(f"--peers: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")
     missing = [str(p) for p in args.ab or () if not (p / "build").is_dir()]
     if missing:
         raise cli.UsageError(f"--ab: no build/ in {', '.join(missing)} (run `python -m rope_bwd_triton build` there)")

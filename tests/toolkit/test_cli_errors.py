@@ -26,6 +26,13 @@ CASES = [
     (["bench", "--head-dim", "7"], r"bench: error: argument --head-dim: must be even and in 2\.\.256, got 7"),
     (["bench", "--calls", "-1"], r"bench: error: argument --calls: must be a positive integer, got -1"),
     (["bench", "--peers", "eager,foo"], r"bench: error: argument --peers: unknown peers \['foo'\]"),
+    (["bench", "--tasks", "bwd,bwd_fp8"], r"bench: error: argument --tasks: unknown tasks \['bwd_fp8'\]; choose from bwd,"),
+    (["bench", "--from-json", "absent.json"], r"bench: error: argument --from-json: no such file: absent\.json"),
+    (["realcall", "--peers", "copy,flash"], r"realcall: error: argument --peers: unknown peers \['flash'\]"),
+    (["realcall", "--ab", "absent"], r"realcall: error: --ab: no build/ in absent"),
+    (["coldstart", "--impls", "ours,tvm"], r"coldstart: error: argument --impls: unknown implementations \['tvm'\]"),
+    (["e2e", "--varres", "--variants", "eager,jax"], r"e2e: error: argument --variants: unknown variants \['jax'\]"),
+    (["e2e", "--from-json", "absent.json"], r"e2e: error: argument --from-json: no such file: absent\.json"),
     (["publish", "--dry-run", "--repo-id", "not a repo"], r"publish: error: argument --repo-id: Repo id must use"),
     (["publish", "--dry-run", "--repo-id", "a/b/c"], r"publish: error: argument --repo-id: Repo id must be in the form"),
     (["publish", "--dry-run", "--repo-id", "name"], r"publish: error: argument --repo-id: expected <namespace>/<name>"),
@@ -41,6 +48,7 @@ CASES = [
     (["copybound", "--quick", "--json"], r"copybound: error: argument --json: expected one argument"),
 ]
 OUT_FLAGS = {"demo": ["--out"], "bench": ["--json", "--markdown", "--plot"], "e2e": ["--out"],
+             "realcall": ["--json", "--markdown", "--plot"], "coldstart": ["--json"],
              "tune": ["--out", "--log"], "publish": ["--to-cache"], "copybound": ["--json"],
              "ncu": [], "ncu report": ["--markdown"]}
 
