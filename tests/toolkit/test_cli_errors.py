@@ -133,7 +133,7 @@ def no_matplotlib(monkeypatch):
 def test_demo_without_matplotlib(kernel, no_matplotlib, capsys, tmp_path):
     assert toolkit.main(["demo", "--seq-lens", "3", "--calls", "2", "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    assert json.loads((tmp_path / "demo.json").read_text())["rows"][0]["ok"]
+    assert json.loads((tmp_path / "demo.json").read_text())["workloads"][0]["results"]["ours_bwd"]["verify"]["ok"]
     assert not (tmp_path / "demo.png").exists()
     assert f"demo: matplotlib is not installed, so {tmp_path / 'demo.png'} is not drawn" in captured.err
     assert captured.out.splitlines()[-1] == f"wrote {tmp_path / 'demo.json'}"
