@@ -3,8 +3,8 @@ launch path, against transformers' eager function and an identity, on a small CU
 (where host time, not the GPU, sets the pace); and what a never-seen S costs.
 Figures are microseconds per call over passes of 200 calls (the GPU synchronized only between
 passes): the median and the best pass. The rows take turns, one pass each per round, for 15
-rounds, so that a noisy stretch of the host (it varies by 2x within minutes on the H200
-machine) lands on every row rather than on whichever row ran then."""
+rounds, so that a noisy stretch of the host (its speed swings within minutes: RESULTS.md)
+lands on every row rather than on whichever row ran then."""
 
 import statistics
 import time

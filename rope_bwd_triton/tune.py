@@ -36,7 +36,7 @@ BLOCK_S = (1, 2, 4, 8)
 NUM_WARPS = (1, 2, 4, 8)
 MAX_TILE = 8192  # elements of a BLOCK_S x BLOCK_R x BLOCK_D tile; more only spills registers
 # Channels of one half tile (BLOCK_S x BLOCK_R/2 x BLOCK_D) per thread: past 32 the tile spills,
-# and Triton 3.6 took over a minute to compile some such tiles (NOTES.md).
+# and Triton 3.6 compiled some such tiles very slowly (NOTES.md).
 MAX_PER_THREAD = 32
 SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")  # what a tuned entry holds
 VERIFY_ROWS = 256
