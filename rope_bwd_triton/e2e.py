@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from . import REPO_ROOT, cli, varres
+from .fresh import add_result_argument
 
 # family -> (configuration class, vision model class), in transformers.models.<family>
 FAMILIES = {
@@ -385,7 +386,7 @@ def add_arguments(parser):
                         help=f"variants for --varres, of {','.join(varres.VARIANTS)}")
     parser.add_argument("--depth", type=cli.positive_int, default=4, help="encoder depth for --varres")
     parser.add_argument("--varres-child", help=argparse.SUPPRESS)  # the parent's call of each fresh process
-    parser.add_argument("--varres-result", type=Path, help=argparse.SUPPRESS)
+    add_result_argument(parser)
     parser.add_argument("--quick", action="store_true",
                         help="tiny encoder, 64 tokens, 1 warm-up, 2 rounds of 2 steps, on CPU without a GPU: "
                              "exercises the code path only")
@@ -393,9 +394,9 @@ def add_arguments(parser):
 
 def main(args) -> int:
     if args.varres_child:
-        config = QUICK_OMNI if args.quick else {**REAL_OMNI, "depth": args.depth}
-        result = varres.child(args.varres_child, args.varres_sides, args.repo_id or _repo_id(), config)
-        args.varres_result.write_text(json.dumps(result))
+        result = varres.child(args.varres_child, args.varres_sides, args.repo_id or _repo_id(),
+                              varres.model_config(args))
+        args.child_result.write_text(json.dumps(result))
         return 0
     if args.varres:
         args.out.mkdir(parents=True, exist_ok=True)

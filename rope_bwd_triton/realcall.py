@@ -88,10 +88,9 @@ class Copies:
 
 
 def _transformers_fn():
-    import importlib
+    from .e2e import modeling_module
 
-    family = "qwen3_omni_moe"
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}").apply_rotary_pos_emb_vision
+    return modeling_module("qwen3_omni_moe").apply_rotary_pos_emb_vision
 
 
 def implementations(kernel, others, peers):
