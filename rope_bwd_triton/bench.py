@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import REPO_ROOT, cli
+from . import REPO_ROOT, cli, output
 
 TASKS = {  # name: (description, suite.floor_bytes mode, dtype name)
     "bwd": ("full backward, fp32", "bwd", "float32"),
@@ -368,12 +368,6 @@ def _cell(result):
     return f"{result['time']['mean_us']:.1f} ({result['x_floor']:.2f}x)"
 
 
-def _table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _suite_table(run) -> list:
     """The suite-mean table's markdown lines (none without a summary)."""
     summary, impls = run["summary"], run["impls"]
@@ -389,7 +383,7 @@ def _suite_table(run) -> list:
         rows.append([impls[name]["label"], TASKS[task][0], f"{s['mean_us']:.1f}", f"{s['floor_us']:.1f}",
                      f"{s['x_floor']:.2f}", vs, other])
     other_header = f"mean us by {run['meta'].get('timer_other') or 'the other timer'}"
-    return lines + [_table(["implementation", "task", "mean us", "floor us", "x floor", "time / ours", other_header],
+    return lines + [output.markdown_table(["implementation", "task", "mean us", "floor us", "x floor", "time / ours", other_header],
                            rows), ""]
 
 
@@ -438,7 +432,7 @@ def _run_markdown(run) -> str:
                 row += [f"{w['floors'][task]['us']:.1f}"]
                 row += [_cell(w["results"][n]) for n in names if impls[n]["task"] == task]
             rows.append(row)
-        lines += [f"### {title}", "", _table(header, rows), ""]
+        lines += [f"### {title}", "", output.markdown_table(header, rows), ""]
 
     checks_by_label, notes = {}, set()  # the copy reference has one label for all its tasks
     for name, info in impls.items():
@@ -453,7 +447,7 @@ def _run_markdown(run) -> str:
              "yes" if all(c["ok"] for c in checks) else "**NO**", len(checks)]
             for label, checks in checks_by_label.items() if checks]
     lines += ["### Verification against the float64 reference (before timing; the copy against its source)", "",
-              _table(["implementation", "worst rel err", "min SOL pass fraction", "all within tolerance",
+              output.markdown_table(["implementation", "worst rel err", "min SOL pass fraction", "all within tolerance",
                       "checks"], rows), ""]
     if notes:
         lines += ["Not measured:", ""] + [f"- {n}" for n in sorted(notes)] + [""]
@@ -502,7 +496,7 @@ def render_markdown(runs, plot_path=None, md_path=None) -> str:
 
 def render_plot(runs, path) -> bool:
     """Draws the plot; False where matplotlib is missing."""
-    plt = cli.pyplot("bench", path)
+    plt = output.pyplot("bench", path)
     if plt is None:
         return False
     # The (H, D) with the most workloads: an S axis needs one head shape.
@@ -535,10 +529,7 @@ def render_plot(runs, path) -> bool:
     ax_b.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=7)
     ax_b.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    output.save_figure(fig, path)
     return True
 
 

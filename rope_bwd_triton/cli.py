@@ -1,10 +1,8 @@
 """What the commands share about their arguments: a bad value is refused with a one-line
 error and exit status 2 (argparse's convention), before the command writes anything;
-argparse types for the values that can be judged alone, UsageError for the rest. And the
-plots, which are skipped with a notice where matplotlib is not installed."""
+argparse types for the values that can be judged alone, UsageError for the rest."""
 
 import argparse
-import sys
 
 
 class UsageError(Exception):
@@ -102,17 +100,3 @@ def repo_id(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected <namespace>/<name>, got {text!r}")
     return text
 
-
-def pyplot(command: str, path):
-    """matplotlib.pyplot on the file backend; None, with a notice, where matplotlib is not
-    installed (the command writes its other results all the same)."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"{command}: matplotlib is not installed, so {path} is not drawn (pip install matplotlib)",
-              file=sys.stderr)
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import REPO_ROOT, cli
+from . import REPO_ROOT, cli, output
 from .fresh import add_result_argument, run_fresh
 
 IMPLS = ("ours", "liger", "compile", "transformers")
@@ -109,8 +109,6 @@ def run_child(impl, args, workdir: Path) -> dict:
 
 
 def markdown(runs, meta) -> str:
-    from .bench import _table
-
     rows = []
     for r in runs:
         if "error" in r:
@@ -128,7 +126,7 @@ def markdown(runs, meta) -> str:
             f"layout), each implementation in a fresh process with empty Triton/inductor caches; {meta['gpu']}, "
             f"torch {v['torch']}, triton {v['triton']}; {meta['date']}. New sizes after the first: "
             f"{', '.join(map(str, meta['sizes'][1:]))}.")
-    return head + "\n\n" + _table(
+    return head + "\n\n" + output.markdown_table(
         ["implementation", "load ms", "first fwd+bwd ms", "each new size ms: median (range)", "a seen size ms",
          "rotary_kernel compilations: first call, then", "note"], rows) + "\n"
 

@@ -15,7 +15,7 @@ runs the package's CPU path and says so.
 import json
 from pathlib import Path
 
-from . import REPO_ROOT, cli
+from . import REPO_ROOT, cli, output
 
 
 def add_arguments(parser):
@@ -57,7 +57,7 @@ def rows(run) -> list:
 
 def _plot(rows, path, on_gpu) -> bool:
     """Draws demo.png; False where matplotlib is missing."""
-    plt = cli.pyplot("demo", path)
+    plt = output.pyplot("demo", path)
     if plt is None:
         return False
     S = [r["S"] for r in rows]
@@ -69,9 +69,7 @@ def _plot(rows, path, on_gpu) -> bool:
            title="rope-bwd on the SOL-ExecBench 019 workloads")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    output.save_figure(fig, path)
     return True
 
 

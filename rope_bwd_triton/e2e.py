@@ -299,37 +299,49 @@ def paired_vs_bound(report, tokens):
 
 
 def markdown(report, meta) -> str:
+    from .output import markdown_table
     from .runmeta import recorded_versions
 
     # e2e.json files written before run_meta hold no "gpu": their "device" is the GPU's name or CPU
     where = meta.get("gpu", meta["device"]) or "CPU"
-    v = recorded_versions(meta)
+    versions = recorded_versions(meta)
     timer = "CUDA events" if where != "CPU" else "wall clock"
     compiled = (", every variant torch.compile'd (kernelize with Mode.TRAINING | Mode.TORCH_COMPILE, "
                 "then nn.Module.compile; the warm-up steps compile)") if meta.get("compile") else ""
+    rows = []
+    for n, r in report["results_ms"].items():
+        paired, within, rounds = paired_vs_bound(report, n)
+        rows.append([n, f"{r['eager']:.2f} ms", f"{r['kernelized']:.2f} ms", f"{r['identity']:.2f} ms",
+                     f"{100 * (r['kernelized'] / r['identity'] - 1):+.1f}%",
+                     f"{100 * paired:+.1f}% ({within} of {rounds})", f"{r['eager'] / r['kernelized']:.3f}x"])
     lines = [
         f"Qwen3-Omni vision encoder training step (fwd+bwd){compiled}, {where}, {meta['dtype']}, "
         f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
         f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
-        f"(torch {v['torch']}, triton {v['triton']}, transformers {v['transformers']}).",
+        f"(torch {versions['torch']}, triton {versions['triton']}, transformers {versions['transformers']}).",
         "",
-        "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) | kernelized vs bound "
-        f"| same, paired by round: median (rounds within {100 * TARGET:.0f}%) | speedup vs eager |",
-        "|---|---|---|---|---|---|---|",
+        markdown_table(["tokens", "eager rotary", "kernelized (rope-bwd)", "identity rotary (bound)",
+                        "kernelized vs bound", f"same, paired by round: median (rounds within {100 * TARGET:.0f}%)",
+                        "speedup vs eager"], rows),
     ]
-    for n, r in report["results_ms"].items():
-        paired, within, rounds = paired_vs_bound(report, n)
-        lines.append(
-            f"| {n} | {r['eager']:.2f} ms | {r['kernelized']:.2f} ms | {r['identity']:.2f} ms "
-            f"| {100 * (r['kernelized'] / r['identity'] - 1):+.1f}% | {100 * paired:+.1f}% ({within} of {rounds}) "
-            f"| {r['eager'] / r['kernelized']:.3f}x |"
-        )
     frames = report.get("compiled_frames", {})
     if frames:
         lines += ["", "Frames compiled by dynamo, all variants: "
                   + "; ".join(f"{n} tokens {f['warm-up']} in the warm-up, {f['timed']} while timed"
                               for n, f in frames.items()) + "."]
     profile = report.get("profile", {})
+    rows = []
+    for n, r in report["results_ms"].items():
+        for v, ms in r.items():
+            host, rm = report["host_ms"][n][v], report["round_medians_ms"][n][v]
+            row = [n, v, f"{ms:.2f} ms", f"{host['enqueue']:.2f} ms", f"{host['wall']:.2f} ms",
+                   f"{min(rm):.2f}-{max(rm):.2f} ms"]
+            if n in profile:
+                p = profile[n][v]
+                row += [f"{p['kernel_ms']:.2f} ms", f"{ms - p['kernel_ms']:.2f} ms", p["launches"],
+                        f"{p['rotary_ms']:.3f} ms ({p['rotary_launches']})"]
+            rows.append(row)
+    kernel_columns = ["kernel time", "idle", "kernels", "rotary kernels (count)"] if profile else []
     lines += [
         "",
         "Per variant: host enqueue = time until backward() returns, before the final synchronize "
@@ -341,20 +353,8 @@ def markdown(report, meta) -> str:
               else " (memcpy/memset not counted), rotary = kernels whose name mentions rotary")
            + "; idle = step - kernel time, the device waiting for the host." if profile else ""),
         "",
-        "| tokens | variant | step | host enqueue | host wall | rounds"
-        + (" | kernel time | idle | kernels | rotary kernels (count) |" if profile else " |"),
-        "|---|---|---|---|---|---" + ("|---|---|---|---|" if profile else "|"),
+        markdown_table(["tokens", "variant", "step", "host enqueue", "host wall", "rounds", *kernel_columns], rows),
     ]
-    for n, r in report["results_ms"].items():
-        for v, ms in r.items():
-            host, rm = report["host_ms"][n][v], report["round_medians_ms"][n][v]
-            line = (f"| {n} | {v} | {ms:.2f} ms | {host['enqueue']:.2f} ms | {host['wall']:.2f} ms "
-                    f"| {min(rm):.2f}-{max(rm):.2f} ms |")
-            if n in profile:
-                p = profile[n][v]
-                line += (f" {p['kernel_ms']:.2f} ms | {ms - p['kernel_ms']:.2f} ms | {p['launches']} "
-                         f"| {p['rotary_ms']:.3f} ms ({p['rotary_launches']}) |")
-            lines.append(line)
     return "\n".join(lines) + "\n"
 
 

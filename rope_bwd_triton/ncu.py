@@ -106,26 +106,25 @@ def _backward_with_config_of(kernel, x, head_dim):
 
 
 def report(args):
+    from .output import markdown_table
     from .runmeta import recorded_versions
 
     labels = json.loads(args.labels.read_text())
     # ncu's CSV: its own log lines, then a header row, a units row and one row per kernel in launch order
     lines = [line for line in args.csv.read_text().splitlines() if line.startswith('"')]
-    rows = list(csv.reader(lines))
-    header, kernels = rows[0], rows[2:]
+    table = list(csv.reader(lines))
+    header, kernels = table[0], table[2:]
     if len(kernels) != len(labels["kernels"]):
         raise cli.UsageError(f"{args.csv}: {len(kernels)} profiled kernels for {len(labels['kernels'])} labels "
                              f"in {args.labels}")
     col = {name: header.index(metric) for name, (metric, _, _) in COLUMNS.items()}
-    out = ["| workload | kernel | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
-    for (workload, what), row in zip(labels["kernels"], kernels):
-        cells = [fmt.format(float(row[col[name]].replace(",", "")) * scale)
-                 for name, (_, scale, fmt) in COLUMNS.items()]
-        out.append(f"| {workload} | {what} | " + " | ".join(cells) + " |")
+    rows = [[workload, what, *(fmt.format(float(row[col[name]].replace(",", "")) * scale)
+                               for name, (_, scale, fmt) in COLUMNS.items())]
+            for (workload, what), row in zip(labels["kernels"], kernels)]
     meta = labels["meta"]
     text = (f"Device: {meta['gpu']}; torch {recorded_versions(meta)['torch']}; "
             f"kernel variant `{meta['kernel_variant']}`\n\n"
-            + "\n".join(out) + "\n")
+            + markdown_table(["workload", "kernel", *COLUMNS], rows) + "\n")
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)

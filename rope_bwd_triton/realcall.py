@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from . import REPO_ROOT, cli
+from . import REPO_ROOT, cli, output
 
 LAYOUTS = ("sdpa", "flash")
 SEQ_LENS = (256, 1024, 4096, 16384, 65536)
@@ -189,8 +189,6 @@ def _us(entry, name):
 
 
 def markdown(run) -> str:
-    from .bench import _table
-
     meta, labels = run["meta"], run["labels"]
     names = [n for n in labels if n != "ours"]
     header = ["dtype", "D", "grad layout", "S", "ours us"]
@@ -211,7 +209,7 @@ def markdown(run) -> str:
         f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
         f"{meta['heads']} heads; {gpu}; {meta['timer']}; mean of {meta['calls']} calls; "
         f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}; {meta['date']}.  ",
-        f"Command: `{meta['command']}`", "", _table(header, rows), "",
+        f"Command: `{meta['command']}`", "", output.markdown_table(header, rows), "",
         "Verification (float64, before timing): " + ("all passed." if not fails else "FAILED: " + "; ".join(fails)),
     ]
     ratios = [_us(w, "ours") / _us(w, "copy") for w in run["workloads"] if _us(w, "ours") and _us(w, "copy")]
@@ -235,10 +233,7 @@ def render_plot(run, path, plt):
            title=f"real call, forward + backward, {run['meta'].get('gpu') or 'CPU (meaningless)'}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    output.save_figure(fig, path)
 
 
 def add_arguments(parser):
@@ -276,7 +271,7 @@ def main(args) -> int:
     args.json.write_text(json.dumps(run, indent=1) + "\n")
     text = markdown(run)
     args.markdown.write_text(text)
-    plt = cli.pyplot("realcall", args.plot)
+    plt = output.pyplot("realcall", args.plot)
     if plt:
         render_plot(run, args.plot, plt)
     print(text)

@@ -108,7 +108,7 @@ def _meta(args) -> dict:
 
 
 def markdown(report) -> str:
-    from .bench import _table
+    from .output import markdown_table
 
     meta = report["meta"]
     v = meta["versions"]
@@ -125,4 +125,4 @@ def markdown(report) -> str:
             f"each variant in a fresh process with empty Triton/inductor caches; wall time until the GPU is done. "
             f"{meta['gpu'] or 'CPU (code-path check only)'}, torch {v['torch']}, triton {v['triton']}, "
             f"transformers {v['transformers']}; {meta['date']}. Command: `{meta['command']}`\n\n"
-            + _table(["variant", "first pass ms", "second pass ms", "second pass, median step ms", "note"], rows) + "\n")
+            + markdown_table(["variant", "first pass ms", "second pass ms", "second pass, median step ms", "note"], rows) + "\n")
