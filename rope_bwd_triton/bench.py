@@ -303,8 +303,9 @@ def _workloads(args):
     return out
 
 
-def measure(args, kernel=None) -> dict:
-    """The run `args` (bench's arguments) ask for; `kernel`: the loaded package, else loaded here."""
+def measure(args, kernel=None, after_workload=None) -> dict:
+    """The run `args` (bench's arguments) ask for; `kernel`: the loaded package, else loaded here.
+    after_workload(timer, entry, bar): a preset's own work on each measured workload (copybound)."""
     import torch
     from tqdm import tqdm
 
@@ -327,6 +328,8 @@ def measure(args, kernel=None) -> dict:
     with tqdm(total=len(workloads) * len(impls), desc="bench", unit="run", file=sys.stderr) as bar:
         for set_name, S, H, D in workloads:
             measured.append(measure_workload(kernel, impls, timer, copy["GBps"], set_name, S, H, D, args, bar))
+            if after_workload:
+                after_workload(timer, measured[-1], bar)
     run = {"meta": meta, "copy": copy, "impls": {i.name: {"label": i.label, "task": i.task} for i in impls},
            "workloads": measured}
     if timer.cuda:

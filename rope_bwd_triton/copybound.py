@@ -6,13 +6,14 @@ half written, int32 elements) and the benchmark's device copy. The floor (bytes 
 tail at every size, so its suite mean shows how close to the floor any kernel that moves these
 bytes gets on this GPU.
 
-`--quick` exercises the code path on the CPU in Triton's interpreter (TRITON_INTERPRET=1): one
-tiny workload, the timings mean nothing there."""
+It is `bench --set suite --peers copy` with the Triton copies timed after each workload, on the
+same timer; the JSON is that bench run, each workload with its "triton_copy" (us, BLOCK,
+num_warps) per task. `--quick` exercises the code path on the CPU in Triton's interpreter
+(TRITON_INTERPRET=1): one tiny workload, the timings mean nothing there."""
 
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
 from . import REPO_ROOT, cli
@@ -46,51 +47,31 @@ def best_copy(timer, nbytes):
     return best
 
 
-def measure(device, seq_lens, H, D, calls, copy_mib):
-    from tqdm import tqdm
+def triton_copies(timer, w, bar):
+    """bench's after_workload: checks that every implementation passed, then times the best
+    Triton copy of each task's floor bytes (w["triton_copy"])."""
+    bad = [n for n, r in w["results"].items() if not r.get("verify", {}).get("ok")]
+    if bad:
+        raise AssertionError(f"S={w['S']}: {bad} failed verification or did not run")
+    copies = {task: best_copy(timer, floor["bytes"]) for task, floor in w["floors"].items() if task not in SAME_BYTES}
+    w["triton_copy"] = {task: copies[SAME_BYTES.get(task, task)] for task in w["floors"]}
+    bar.write(f"S={w['S']}: " + ", ".join(f"{t} {_us(w, 'ours_' + t):.2f} / {w['triton_copy'][t][0]:.2f} us"
+                                          for t in w["floors"]))
 
-    from . import bench, timing
-    from .load import load_kernel
-    from .runmeta import run_meta
 
-    kernel = load_kernel()
-    timer = timing.ColdL2Timer(device, calls=calls, primary="span")
-    bandwidth = timing.copy_bandwidth(timer, copy_mib << 20)["GBps"]
-    args = bench.preset("--peers", "copy")
-    impls = [i for i in bench.IMPLS if i.peer in (None, "copy")]
-    run = {"meta": run_meta(device, kernel=kernel, timer=timer), "copy_GBps": bandwidth, "configs": CONFIGS,
-           "workloads": []}
-    bar = tqdm(total=len(seq_lens) * len(impls), desc="copy-bound", unit="run", file=sys.stderr)
-    for S in seq_lens:
-        w = bench.measure_workload(kernel, impls, timer, bandwidth, "suite", S, H, D, args, bar)
-        bad = [n for n, r in w["results"].items() if not r.get("verify", {}).get("ok")]
-        if bad:
-            raise AssertionError(f"S={S}: {bad} failed verification or did not run")
-        row = {"S": S, "floor_us": {t: f["us"] for t, f in w["floors"].items()},
-               "ours_us": {i.task: w["results"][i.name]["time"]["mean_us"] for i in impls if i.peer is None},
-               "device_copy_us": {i.task: w["results"][i.name]["time"]["mean_us"] for i in impls if i.peer == "copy"},
-               "triton_copy": {}}
-        for task, floor in w["floors"].items():
-            if task not in SAME_BYTES:
-                row["triton_copy"][task] = best_copy(timer, floor["bytes"])
-        for task, same in SAME_BYTES.items():
-            row["triton_copy"][task] = row["triton_copy"][same]
-        run["workloads"].append(row)
-        bar.write(f"S={S}: " + ", ".join(f"{t} {row['ours_us'][t]:.2f} / {row['triton_copy'][t][0]:.2f} us"
-                                         for t in row["ours_us"]))
-    bar.close()
-    return run
+def _us(w, name):
+    return w["results"][name]["time"]["mean_us"]
 
 
 def summary(run) -> list:
     """[(task, floor, ours, triton copy, device copy)], suite means in us."""
     ws = run["workloads"]
     out = []
-    for task in ws[0]["ours_us"]:
+    for task in ws[0]["floors"]:
         def mean(get):
-            return statistics.fmean(get(r) for r in ws)
-        out.append((task, mean(lambda r: r["floor_us"][task]), mean(lambda r: r["ours_us"][task]),
-                    mean(lambda r: r["triton_copy"][task][0]), mean(lambda r: r["device_copy_us"][task])))
+            return statistics.fmean(get(w) for w in ws)
+        out.append((task, mean(lambda w: w["floors"][task]["us"]), mean(lambda w: _us(w, "ours_" + task)),
+                    mean(lambda w: w["triton_copy"][task][0]), mean(lambda w: _us(w, "copy_" + task))))
     return out
 
 
@@ -103,21 +84,24 @@ def add_arguments(parser):
 def main(args) -> int:
     import torch
 
-    from . import bench, suite
+    from . import bench
 
     if args.quick:
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise cli.UsageError("--quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1")
-        q = bench.QUICK
-        run = measure("cpu", q["seq_lens"][:1], q["heads"], q["head_dim"], 2, 1)
+        preset = ["--quick", "--device", "cpu", "--seq-lens", str(bench.QUICK["seq_lens"][0]), "--calls", "2",
+                  "--copy-mib", "1"]
     elif not torch.cuda.is_available():
         raise cli.UsageError("copybound times Triton kernels: it needs a CUDA GPU (or --quick with TRITON_INTERPRET=1)")
     else:
-        run = measure("cuda", suite.SEQ_LENS, suite.HEADS, suite.HEAD_DIM, 20, 1024)
+        preset = ["--set", "suite", "--device", "cuda", "--calls", "20", "--copy-mib", "1024"]
+    # ours and the device copy of each task, by the kernel span
+    run = bench.measure(bench.preset(*preset, "--peers", "copy", "--timer", "span"), after_workload=triton_copies)
+    run["configs"] = CONFIGS
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(run, indent=1) + "\n")
     print(f"means over {len(run['workloads'])} workloads, us (x floor); {run['meta']['gpu'] or 'CPU'}, "
-          f"copy {run['copy_GBps']:.0f} GB/s")
+          f"copy {run['copy']['GBps']:.0f} GB/s")
     print("task       floor  ours            triton copy     device copy")
     for task, floor, ours, tcopy, dcopy in summary(run):
         print(f"{task:9s} {floor:6.2f}  {ours:6.2f} ({ours / floor:.3f}x)  {tcopy:6.2f} ({tcopy / floor:.3f}x)"

@@ -22,12 +22,13 @@ def test_quick_run_writes_every_task(tmp_path):
     assert run["meta"]["command"] == f"python -m rope_bwd_triton copybound --quick --json {out}"
     assert run["meta"]["gpu"] is None and run["meta"]["versions"]["torch"]
     configs = [tuple(c) for c in run["configs"]]
-    (row,) = run["workloads"]
-    for key in ("floor_us", "ours_us", "device_copy_us", "triton_copy"):
-        assert set(row[key]) == TASKS, key
-    for task, (us, block, warps) in row["triton_copy"].items():
-        assert us > 0 and (block, warps) in configs, task
-    assert row["triton_copy"]["fwd"] == row["triton_copy"]["bwd_qk"]  # same floor bytes, timed once
-    assert all(v > 0 for key in ("floor_us", "ours_us", "device_copy_us") for v in row[key].values())
+    (w,) = run["workloads"]  # a bench run: ours and the device copy of every task, each verified
+    assert set(w["floors"]) == set(w["triton_copy"]) == TASKS
+    assert set(w["results"]) == {f"{who}_{task}" for who in ("ours", "copy") for task in TASKS}
+    for r in w["results"].values():
+        assert r["verify"]["ok"] and r["time"]["n"] == 2 and r["time"]["mean_us"] > 0
+    for task, (us, block, warps) in w["triton_copy"].items():
+        assert us > 0 and (block, warps) in configs and w["floors"][task]["us"] > 0, task
+    assert w["triton_copy"]["fwd"] == w["triton_copy"]["bwd_qk"]  # same floor bytes, timed once
     # one table line per task
     assert sum(line.split()[0] in TASKS for line in proc.stdout.splitlines() if line.strip()) == len(TASKS)
