@@ -386,8 +386,8 @@ def _suite_table(run) -> list:
         rows.append([impls[name]["label"], TASKS[task][0], f"{s['mean_us']:.1f}", f"{s['floor_us']:.1f}",
                      f"{s['x_floor']:.2f}", vs, other])
     other_header = f"mean us by {run['meta'].get('timer_other') or 'the other timer'}"
-    return lines + [output.markdown_table(["implementation", "task", "mean us", "floor us", "x floor", "time / ours", other_header],
-                           rows), ""]
+    header = ["implementation", "task", "mean us", "floor us", "x floor", "time / ours", other_header]
+    return lines + [output.markdown_table(header, rows), ""]
 
 
 def _run_markdown(run) -> str:
@@ -450,8 +450,8 @@ def _run_markdown(run) -> str:
              "yes" if all(c["ok"] for c in checks) else "**NO**", len(checks)]
             for label, checks in checks_by_label.items() if checks]
     lines += ["### Verification against the float64 reference (before timing; the copy against its source)", "",
-              output.markdown_table(["implementation", "worst rel err", "min SOL pass fraction", "all within tolerance",
-                      "checks"], rows), ""]
+              output.markdown_table(["implementation", "worst rel err", "min SOL pass fraction",
+                                     "all within tolerance", "checks"], rows), ""]
     if notes:
         lines += ["Not measured:", ""] + [f"- {n}" for n in sorted(notes)] + [""]
     return "\n".join(lines)
