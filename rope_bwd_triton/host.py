@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from . import cli
 from .load import load_kernel, submodule
 
 
@@ -73,8 +74,12 @@ def add_arguments(parser):
 
 def main(args=None):
     import triton
-    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as modeling
 
+    from .e2e import modeling_module
+
+    if not torch.cuda.is_available():
+        raise cli.UsageError("host times the launch path on a CUDA GPU: this machine has none")
+    modeling = modeling_module("qwen3_omni_moe")
     rope = load_kernel()
     ops, rt, tuning = (submodule(rope, n) for n in ("ops", "rotary_triton", "tuning"))
     S, H, D = 256, 16, 72  # Qwen3-Omni's heads; q and k are views of one qkv projection

@@ -48,7 +48,7 @@ CASES = [
     (["copybound", "--quick", "--json"], r"copybound: error: argument --json: expected one argument"),
 ]
 OUT_FLAGS = {"demo": ["--out"], "bench": ["--json", "--markdown", "--plot"], "e2e": ["--out"],
-             "realcall": ["--json", "--markdown", "--plot"], "coldstart": ["--json"],
+             "realcall": ["--json", "--markdown", "--plot"], "coldstart": ["--json"], "host": [],
              "tune": ["--out", "--log"], "publish": ["--to-cache"], "copybound": ["--json"],
              "ncu": [], "ncu report": ["--markdown"]}
 
@@ -98,6 +98,7 @@ def test_tune_without_a_gpu_or_the_interpreter(capsys, tmp_path):
 @pytest.mark.parametrize("argv,match", [
     (["copybound"], r"copybound: error: copybound times Triton kernels: it needs a CUDA GPU"),
     (["ncu", "run", "--labels"], r"ncu: error: ncu run launches our kernel on a CUDA GPU"),
+    (["host"], r"host: error: host times the launch path on a CUDA GPU"),
 ])
 def test_gpu_commands_without_one(capsys, tmp_path, argv, match):
     out = tmp_path / "out"
