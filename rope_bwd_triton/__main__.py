@@ -17,11 +17,14 @@ class _Parser(argparse.ArgumentParser):
 
 COMMANDS = {
     "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
-    "demo": "build, load through get_kernel, run and verify the 16 public workloads; table, JSON, plot",
+    "demo": "the main job, bench with a preset: build, load through get_kernel, verify and time ours on the 16 "
+            "public workloads; table, JSON, plot",
     "bench": "time ours and the peers against the byte floor (cold L2); JSON, markdown, plot",
     "realcall": "time the real model's call (views of qkv, sdpa's gradient layout) against a copy and the peers",
     "coldstart": "first calls in fresh processes with empty Triton caches: ours and the peers",
     "host": "host time per call of each layer of the launch path, and of a never-seen S",
+    "copybound": "ours against the best plain Triton copy of each task's bytes on the 16 public workloads",
+    "ncu": "Nsight Compute counters of our kernel and of a streaming kernel over the same bytes: metrics, run, report",
     "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
     "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary",
     "card": "write CARD.md (the Hub card) from README.md's card part",

@@ -28,15 +28,12 @@ mean nothing.
 import argparse
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from . import REPO_ROOT, cli
+from . import REPO_ROOT, cli, output
 
 TASKS = {  # name: (description, suite.floor_bytes mode, dtype name)
     "bwd": ("full backward, fp32", "bwd", "float32"),
@@ -45,8 +42,6 @@ TASKS = {  # name: (description, suite.floor_bytes mode, dtype name)
     "fwd": ("forward, fp32", "fwd", "float32"),
     "fwd_bf16": ("forward, bf16 (fp32 table)", "fwd", "bfloat16"),
 }
-# Relative error (||out - ref|| / ||ref||) a correct result stays under; DESIGN.md section 1.
-TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2}
 SCALING = [(S, 16, 128) for S in (16384, 65536)] + [(S, 16, D) for D in (72, 80) for S in (4096, 16384)]
 QUICK = {"seq_lens": (8, 33), "heads": 2, "head_dim": 16, "calls": 3, "copy_mib": 16}
 
@@ -120,7 +115,8 @@ class Call:
 def _ours_bwd(kernel, x):
     import torch
 
-    out = (torch.empty_like(x[0]), torch.empty_like(x[1]), torch.empty_like(x[4]))
+    # NaN before the verified first call: an element the kernel fails to write cannot pass
+    out = tuple(torch.full_like(x[i], float("nan")) for i in (0, 1, 4))
     return Call(lambda *a: kernel.rope_bwd(*a, out=out), *x)  # destination passing: nothing allocated
 
 
@@ -220,9 +216,9 @@ def _verify(outputs, refs, dtype_name, rows):
 
     errs = [suite.rel_err(o[rows.to(o.device)], r) for o, r in zip(outputs, refs)]
     passes = [suite.sol_pass_fraction(o[rows.to(o.device)], r) for o, r in zip(outputs, refs)]
-    worst = max(errs)
+    worst, tolerance = max(errs), suite.TOLERANCE[dtype_name]
     return {"rel_err": errs, "max_rel_err": worst, "sol_pass_fraction": min(passes),
-            "tolerance": TOLERANCE[dtype_name], "ok": worst <= TOLERANCE[dtype_name], "rows": len(rows)}
+            "tolerance": tolerance, "ok": worst <= tolerance, "rows": len(rows)}
 
 
 def _rows(S, n, seed):
@@ -307,63 +303,33 @@ def _workloads(args):
     return out
 
 
-def _versions():
-    import importlib.metadata
-
-    import torch
-    import triton
-
-    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-             "triton": triton.__version__}
-    for dist in ("kernels", "liger-kernel"):
-        try:
-            found[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[dist] = None
-    return found
-
-
-def run_meta(kernel, timer, calls, command) -> dict:
-    """What a recorded run needs to be read and redone: date, command, kernel variant, versions,
-    timer; on CUDA the GPU's name, SM count and L2 size."""
-    import torch
-
-    meta = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command,
-        "device": str(timer.device), "kernel_variant": kernel.__name__, "versions": _versions(),
-        "calls": calls, "timer": timer.method, "timer_other": timer.other,
-    }
-    if timer.cuda:
-        props = torch.cuda.get_device_properties(timer.device)
-        meta.update(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
-    else:
-        meta.update(gpu=None, note="CPU run: code-path check only, the timings mean nothing")
-    return meta
-
-
-def measure(args) -> dict:
+def measure(args, kernel=None, after_workload=None) -> dict:
+    """The run `args` (bench's arguments) ask for; `kernel`: the loaded package, else loaded here.
+    after_workload(timer, entry, bar): a preset's own work on each measured workload (copybound)."""
     import torch
     from tqdm import tqdm
 
     from .load import load_kernel, load_other
+    from .runmeta import run_meta
     from .timing import ColdL2Timer, copy_bandwidth, flush_check
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    kernel = load_kernel()
+    kernel = kernel or load_kernel()
     timer = ColdL2Timer(device, calls=args.calls, primary=args.timer)
     copy = copy_bandwidth(timer, args.copy_mib << 20)
-    peers = set(args.peers)
-    impls = [i for i in IMPLS if i.peer is None or i.peer in peers]
+    impls = [i for i in IMPLS if i.task in args.tasks and (i.peer is None or i.peer in args.peers)]
     if args.ab:  # the same calls of another build, in this process
         other = load_other(args.ab)
         impls += [Impl("ab_" + i.name, f"A/B {other.__name__}: {i.label}", i.task, None,
                        lambda _, x, make=i.make: make(other, x)) for i in impls if i.peer is None]
     workloads = _workloads(args)
-    meta = run_meta(kernel, timer, args.calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
+    meta = run_meta(timer.device, kernel=kernel, timer=timer)
     measured = []
     with tqdm(total=len(workloads) * len(impls), desc="bench", unit="run", file=sys.stderr) as bar:
         for set_name, S, H, D in workloads:
             measured.append(measure_workload(kernel, impls, timer, copy["GBps"], set_name, S, H, D, args, bar))
+            if after_workload:
+                after_workload(timer, measured[-1], bar)
     run = {"meta": meta, "copy": copy, "impls": {i.name: {"label": i.label, "task": i.task} for i in impls},
            "workloads": measured}
     if timer.cuda:
@@ -405,12 +371,6 @@ def _cell(result):
     return f"{result['time']['mean_us']:.1f} ({result['x_floor']:.2f}x)"
 
 
-def _table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _suite_table(run) -> list:
     """The suite-mean table's markdown lines (none without a summary)."""
     summary, impls = run["summary"], run["impls"]
@@ -426,8 +386,8 @@ def _suite_table(run) -> list:
         rows.append([impls[name]["label"], TASKS[task][0], f"{s['mean_us']:.1f}", f"{s['floor_us']:.1f}",
                      f"{s['x_floor']:.2f}", vs, other])
     other_header = f"mean us by {run['meta'].get('timer_other') or 'the other timer'}"
-    return lines + [_table(["implementation", "task", "mean us", "floor us", "x floor", "time / ours", other_header],
-                           rows), ""]
+    header = ["implementation", "task", "mean us", "floor us", "x floor", "time / ours", other_header]
+    return lines + [output.markdown_table(header, rows), ""]
 
 
 def _run_markdown(run) -> str:
@@ -475,7 +435,7 @@ def _run_markdown(run) -> str:
                 row += [f"{w['floors'][task]['us']:.1f}"]
                 row += [_cell(w["results"][n]) for n in names if impls[n]["task"] == task]
             rows.append(row)
-        lines += [f"### {title}", "", _table(header, rows), ""]
+        lines += [f"### {title}", "", output.markdown_table(header, rows), ""]
 
     checks_by_label, notes = {}, set()  # the copy reference has one label for all its tasks
     for name, info in impls.items():
@@ -490,8 +450,8 @@ def _run_markdown(run) -> str:
              "yes" if all(c["ok"] for c in checks) else "**NO**", len(checks)]
             for label, checks in checks_by_label.items() if checks]
     lines += ["### Verification against the float64 reference (before timing; the copy against its source)", "",
-              _table(["implementation", "worst rel err", "min SOL pass fraction", "all within tolerance",
-                      "checks"], rows), ""]
+              output.markdown_table(["implementation", "worst rel err", "min SOL pass fraction",
+                                     "all within tolerance", "checks"], rows), ""]
     if notes:
         lines += ["Not measured:", ""] + [f"- {n}" for n in sorted(notes)] + [""]
     return "\n".join(lines)
@@ -539,7 +499,7 @@ def render_markdown(runs, plot_path=None, md_path=None) -> str:
 
 def render_plot(runs, path) -> bool:
     """Draws the plot; False where matplotlib is missing."""
-    plt = cli.pyplot("bench", path)
+    plt = output.pyplot("bench", path)
     if plt is None:
         return False
     # The (H, D) with the most workloads: an S axis needs one head shape.
@@ -572,10 +532,7 @@ def render_plot(runs, path) -> bool:
     ax_b.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=7)
     ax_b.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    output.save_figure(fig, path)
     return True
 
 
@@ -593,7 +550,9 @@ def add_arguments(parser):
     parser.add_argument("--calls", type=cli.positive_int, default=None, help="timed calls per workload (default 40)")
     parser.add_argument("--timer", choices=("events", "span"), default="span",
                         help="primary figure: kernel span (CUPTI) or CUDA events; both are recorded (default: span)")
-    parser.add_argument("--peers", type=_peers, default=list(PEERS),
+    parser.add_argument("--tasks", type=cli.subset_of(TASKS, "tasks"), default=list(TASKS),
+                        help=f"comma-separated subset of {','.join(TASKS)} (default: all)")
+    parser.add_argument("--peers", type=cli.subset_of(PEERS, "peers"), default=list(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)} (default: all)")
     parser.add_argument("--copy-mib", type=cli.positive_int, default=None, help="copy-bandwidth buffer (default 1024)")
     parser.add_argument("--verify-tokens", type=cli.positive_int, default=4096, help="token rows verified per workload")
@@ -603,16 +562,16 @@ def add_arguments(parser):
     parser.add_argument("--json", type=Path, default=out / "bench.json")
     parser.add_argument("--markdown", type=Path, default=out / "bench.md")
     parser.add_argument("--plot", type=Path, default=out / "bench.png")
-    parser.add_argument("--from-json", type=Path, nargs="+",
+    parser.add_argument("--from-json", type=cli.existing_file, nargs="+",
                         help="measure nothing: render the markdown and plot from saved JSON runs")
 
 
-def _peers(text):
-    peers = [p for p in text.split(",") if p]
-    unknown = sorted(set(peers) - set(PEERS))
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown peers {unknown}; choose from {','.join(PEERS)}")
-    return peers
+def preset(*argv) -> argparse.Namespace:
+    """bench's arguments, as `python -m rope_bwd_triton bench <argv>` parses them, for the commands
+    that measure with bench's own code (demo, copybound)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
 
 
 def main(args) -> int:

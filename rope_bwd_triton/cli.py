@@ -1,10 +1,8 @@
 """What the commands share about their arguments: a bad value is refused with a one-line
 error and exit status 2 (argparse's convention), before the command writes anything;
-argparse types for the values that can be judged alone, UsageError for the rest. And the
-plots, which are skipped with a notice where matplotlib is not installed."""
+argparse types for the values that can be judged alone, UsageError for the rest."""
 
 import argparse
-import sys
 
 
 class UsageError(Exception):
@@ -43,6 +41,17 @@ def positive_float(text: str) -> float:
     return x
 
 
+def subset_of(choices, what: str):
+    """The argparse type of a comma-separated subset of `choices` (empty allowed), in the order given."""
+    def parse(text: str) -> list:
+        picked = [c for c in text.split(",") if c]
+        unknown = sorted(set(picked) - set(choices))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; choose from {','.join(choices)}")
+        return picked
+    return parse
+
+
 def head_dim(text: str) -> int:
     """What the package accepts: even, 2..256."""
     d = _int(text)
@@ -69,6 +78,16 @@ def device(text: str) -> str:
     return text
 
 
+def existing_file(text: str):
+    """A file the command reads."""
+    from pathlib import Path
+
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return path
+
+
 def repo_id(text: str) -> str:
     """A Hub repository id, <namespace>/<name> (kernels looks kernels up by both)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -81,17 +100,3 @@ def repo_id(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected <namespace>/<name>, got {text!r}")
     return text
 
-
-def pyplot(command: str, path):
-    """matplotlib.pyplot on the file backend; None, with a notice, where matplotlib is not
-    installed (the command writes its other results all the same)."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"{command}: matplotlib is not installed, so {path} is not drawn (pip install matplotlib)",
-              file=sys.stderr)
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -11,15 +11,13 @@ compilation of rotary_kernel (its key and time, through Triton's compile hooks),
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import REPO_ROOT, cli
+from . import REPO_ROOT, cli, output
+from .fresh import add_result_argument, run_fresh
 
 IMPLS = ("ours", "liger", "compile", "transformers")
 # A first size, then images of other sizes (square grids of 14-pixel patches), across tuning buckets.
@@ -101,24 +99,16 @@ def child(impl, sizes, heads, head_dim, profile_path=None) -> dict:
     return {"impl": impl, "load_s": load_s, "calls": calls}
 
 
-def run_fresh(impl, args, workdir: Path) -> dict:
-    """The child in a new process with empty Triton and inductor caches."""
-    result = workdir / f"{impl}.json"
-    env = dict(os.environ, TRITON_CACHE_DIR=str(workdir / f"triton-{impl}"),
-               TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{impl}"))
-    cmd = [sys.executable, "-m", "rope_bwd_triton", "coldstart", "--child", impl, "--result", str(result),
-           "--sizes", *map(str, args.sizes), "--heads", str(args.heads), "--head-dim", str(args.head_dim)]
+def run_child(impl, args, workdir: Path) -> dict:
+    """The child of `impl` in a fresh process (fresh.py)."""
+    argv = ["coldstart", "--child", impl, "--sizes", *map(str, args.sizes), "--heads", str(args.heads),
+            "--head-dim", str(args.head_dim)]
     if args.profile and impl == "ours":
-        cmd += ["--profile-to", str(args.json.with_suffix(".profile.txt"))]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        return {"impl": impl, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else f"exit {proc.returncode}"}
-    return json.loads(result.read_text())
+        argv += ["--profile-to", str(args.json.with_suffix(".profile.txt"))]
+    return {"impl": impl, **run_fresh(argv, workdir, impl)}
 
 
 def markdown(runs, meta) -> str:
-    from .bench import _table
-
     rows = []
     for r in runs:
         if "error" in r:
@@ -131,17 +121,18 @@ def markdown(runs, meta) -> str:
         rows.append([r["impl"], f"{r['load_s'] * 1e3:.0f}", f"{first['ms']:.0f}",
                      f"{statistics.median(new):.1f} ({min(new):.1f}-{max(new):.1f})", f"{again[-1]:.2f}",
                      "—" if compiles is None else f"{compiles[0]} then {sum(compiles[1:])}", ""])
+    v = meta["versions"]
     head = (f"First calls of the real call (bf16, {meta['heads']} heads x {meta['head_dim']}, sdpa's gradient "
             f"layout), each implementation in a fresh process with empty Triton/inductor caches; {meta['gpu']}, "
-            f"torch {meta['torch']}, triton {meta['triton']}; {meta['date']}. New sizes after the first: "
+            f"torch {v['torch']}, triton {v['triton']}; {meta['date']}. New sizes after the first: "
             f"{', '.join(map(str, meta['sizes'][1:]))}.")
-    return head + "\n\n" + _table(
+    return head + "\n\n" + output.markdown_table(
         ["implementation", "load ms", "first fwd+bwd ms", "each new size ms: median (range)", "a seen size ms",
          "rotary_kernel compilations: first call, then", "note"], rows) + "\n"
 
 
 def add_arguments(parser):
-    parser.add_argument("--impls", type=lambda s: [p for p in s.split(",") if p], default=list(IMPLS),
+    parser.add_argument("--impls", type=cli.subset_of(IMPLS, "implementations"), default=list(IMPLS),
                         help=f"comma-separated subset of {','.join(IMPLS)}")
     parser.add_argument("--sizes", type=cli.positive_int, nargs="+", default=list(SIZES))
     parser.add_argument("--heads", type=cli.positive_int, default=16)
@@ -150,35 +141,26 @@ def add_arguments(parser):
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "results" / "coldstart.json")
     # The parent's arguments to each fresh child process:
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", type=Path, help=argparse.SUPPRESS)
+    add_result_argument(parser)
 
 
 def main(args) -> int:
     if args.child:
-        Path(args.result).write_text(json.dumps(child(args.child, args.sizes, args.heads, args.head_dim,
+        args.child_result.write_text(json.dumps(child(args.child, args.sizes, args.heads, args.head_dim,
                                                       args.profile_to)))
         return 0
-    from datetime import datetime, timezone
-
     import torch
-    import triton
 
-    from .build import build_variants, repo_id
+    from .load import use_local_build
+    from .runmeta import run_meta
 
-    unknown = set(args.impls) - set(IMPLS)
-    if unknown:
-        raise cli.UsageError(f"--impls: unknown {sorted(unknown)}; choose from {','.join(IMPLS)}")
     if not torch.cuda.is_available():
         raise cli.UsageError("coldstart needs a CUDA GPU (it times Triton compilations and GPU calls)")
-    build_variants()
-    os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
+    use_local_build()  # the children load it with build=False
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [run_fresh(impl, args, Path(tmp)) for impl in args.impls]
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "sizes": args.sizes,
-            "heads": args.heads, "head_dim": args.head_dim,
-            "command": "python -m rope_bwd_triton coldstart " + " ".join(sys.argv[2:])}
+        runs = [run_child(impl, args, Path(tmp)) for impl in args.impls]
+    meta = run_meta("cuda", sizes=args.sizes, heads=args.heads, head_dim=args.head_dim)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
     text = markdown(runs, meta)

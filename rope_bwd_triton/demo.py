@@ -1,21 +1,21 @@
-"""`python -m rope_bwd_triton demo`: the main job.
+"""`python -m rope_bwd_triton demo`: the main job, `bench` with a preset.
 
-Builds the Hub variants, loads the kernel through kernels.get_kernel as a user
-would, runs rope_bwd on the 16 public SOL-ExecBench workloads (fp32, H=16,
-D=128) with fresh random inputs, checks every output against the float64
-reference (our relative-error bound and the benchmark's own pass rule), and
-prints a table: per workload the error, the time per call and, on a GPU, the
-achieved bandwidth against the byte floor. Writes demo.json and demo.png.
-On a machine without CUDA it runs the package's CPU path and says so.
+Builds the Hub variants, loads the kernel through kernels.get_kernel as a user would,
+then measures what `bench --set suite --tasks bwd --peers "" --timer events` measures:
+rope_bwd(out=) on the 16 public SOL-ExecBench workloads (fp32, H=16, D=128), every
+token row checked against the float64 reference before it is timed. Prints a table:
+per workload the error, the fraction of elements within SOL-ExecBench's own rule, the
+time per call and, on a GPU, the achieved bandwidth against the byte floor. A workload
+passes within suite.TOLERANCE and with SOL-ExecBench's rule met on >= 99% of the
+elements; the exit status is 1 unless every one passes. Writes demo.json (the bench
+run: `bench --from-json` renders it too) and demo.png. On a machine without CUDA it
+runs the package's CPU path and says so.
 """
 
 import json
-import sys
 from pathlib import Path
 
-from . import REPO_ROOT, cli
-
-FP32_TOL = 1e-5  # rel err bound for fp32 outputs (DESIGN.md section 1: near 1e-6)
+from . import REPO_ROOT, cli, output
 
 
 def add_arguments(parser):
@@ -25,9 +25,39 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0)
 
 
+def bench_args(args, on_gpu):
+    """The preset: bench's arguments for this demo."""
+    from . import bench, suite
+
+    argv = ["--set", "suite", "--tasks", "bwd", "--peers", "", "--timer", "events", "--calls", str(args.calls),
+            "--seed", str(args.seed),
+            "--verify-tokens", str(max(args.seq_lens or suite.SEQ_LENS)),  # every token row
+            "--copy-mib", str(1024 if on_gpu else bench.QUICK["copy_mib"])]  # on the CPU no floor is shown
+    return bench.preset(*argv, *(["--seq-lens", *map(str, args.seq_lens)] if args.seq_lens else []))
+
+
+def rows(run) -> list:
+    """The table's rows from the bench run: per workload S, rel_err, sol_pass, ok, time_us and,
+    on a GPU, floor_us and GBps."""
+    from . import suite
+
+    out = []
+    for w in run["workloads"]:
+        r = w["results"]["ours_bwd"]
+        if "error" in r:
+            raise RuntimeError(f"rope_bwd at S={w['S']}: {r['error']}")
+        check = r["verify"]
+        row = {"S": w["S"], "rel_err": check["max_rel_err"], "sol_pass": check["sol_pass_fraction"],
+               "ok": check["ok"] and check["sol_pass_fraction"] >= suite.SOL_MIN_PASS, "time_us": r["time"]["mean_us"]}
+        if run["meta"]["gpu"]:
+            row.update(floor_us=w["floors"]["bwd"]["us"], GBps=r["GBps"])
+        out.append(row)
+    return out
+
+
 def _plot(rows, path, on_gpu) -> bool:
     """Draws demo.png; False where matplotlib is missing."""
-    plt = cli.pyplot("demo", path)
+    plt = output.pyplot("demo", path)
     if plt is None:
         return False
     S = [r["S"] for r in rows]
@@ -39,9 +69,7 @@ def _plot(rows, path, on_gpu) -> bool:
            title="rope-bwd on the SOL-ExecBench 019 workloads")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    output.save_figure(fig, path)
     return True
 
 
@@ -66,52 +94,27 @@ def table(rows, gpu_name=None, bandwidth=None):
         summary += " (CPU wall clock of the PyTorch path; GPU figures come from `bench` on a GPU)"
     ok = all(r["ok"] for r in rows)
     return lines + [summary, f"verification: {'all workloads pass' if ok else 'FAILURES'} "
-                    f"(rel err <= {FP32_TOL:g} vs float64, and the SOL-ExecBench rule on >= {suite.SOL_MIN_PASS:.0%} of elements)"]
+                    f"(rel err <= {suite.TOLERANCE['float32']:g} vs float64, and the SOL-ExecBench rule on >= {suite.SOL_MIN_PASS:.0%} of elements)"]
 
 
 def main(args) -> int:
     import torch
     import triton
-    from tqdm import tqdm
 
-    from . import suite
+    from . import bench
     from .load import load_kernel
-    from .timing import ColdL2Timer, bandwidth_GBps, copy_bandwidth, time_us
 
     kernel = load_kernel()
     on_gpu = torch.cuda.is_available()
-    device = "cuda" if on_gpu else "cpu"
     where = torch.cuda.get_device_name() if on_gpu else "CPU (no GPU here: the package's PyTorch path runs)"
     print(f"loaded {kernel.__name__} from {Path(kernel.__file__).parent} through kernels.get_kernel")
     print(f"device: {where}; torch {torch.__version__}, triton {triton.__version__}")
-
-    timer = ColdL2Timer(device, calls=args.calls)
-    bandwidth = copy_bandwidth(timer)["GBps"] if on_gpu else None
-    gen = torch.Generator().manual_seed(args.seed)
-    rows, ok = [], True
-    for S in tqdm(args.seq_lens or suite.SEQ_LENS, desc="workloads", unit="wl", file=sys.stderr):
-        x = suite.make_inputs(S, device=device, generator=gen)
-        out = tuple(torch.full_like(x[n], float("nan")) for n in ("q", "k", "embeddings"))
-        got = kernel.rope_bwd(**x, out=out)
-        ref = suite.reference_backward(**x)
-        err = max(suite.rel_err(o, r) for o, r in zip(got, ref))
-        passed = min(suite.sol_pass_fraction(o, r) for o, r in zip(got, ref))
-        t = timer(lambda: kernel.rope_bwd(**x, out=out)).mean_us
-        row = {"S": S, "rel_err": err, "sol_pass": passed, "ok": err <= FP32_TOL and passed >= suite.SOL_MIN_PASS,
-               "time_us": t}
-        if on_gpu:
-            nbytes = suite.floor_bytes(S)
-            row.update(floor_us=time_us(nbytes, bandwidth), GBps=bandwidth_GBps(nbytes, t))
-        ok &= row["ok"]
-        rows.append(row)
-
-    for line in table(rows, where if on_gpu else None, bandwidth):
-        print(line)
-
+    run = bench.measure(bench_args(args, on_gpu), kernel)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": where, "torch": torch.__version__, "triton": triton.__version__, "kernel": kernel.__name__,
-            "timing": timer.method, "copy_GBps": bandwidth}
-    (args.out / "demo.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    plotted = _plot(rows, args.out / "demo.png", on_gpu)
+    (args.out / "demo.json").write_text(json.dumps(run, indent=2) + "\n")
+    table_rows = rows(run)
+    for line in table(table_rows, where if on_gpu else None, run["copy"]["GBps"]):
+        print(line)
+    plotted = _plot(table_rows, args.out / "demo.png", on_gpu)
     print(f"wrote {args.out / 'demo.json'}" + (f" and {args.out / 'demo.png'}" if plotted else ""))
-    return 0 if ok else 1
+    return 0 if all(r["ok"] for r in table_rows) else 1

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from . import REPO_ROOT, cli, varres
+from .fresh import add_result_argument
 
 # family -> (configuration class, vision model class), in transformers.models.<family>
 FAMILIES = {
@@ -136,19 +137,21 @@ def time_variants(variants, install, inputs, *, warmup, rounds, per_round, after
     variant in turn, the order rotated each round, so that drift (clocks, temperature,
     allocator) is shared by all variants. {variant: [(step, enqueue, wall) ms, ...]}.
     after_warmup() is called between the two."""
-    names = list(variants)
-    for name in names:
+    from .timing import interleave
+
+    for name in variants:
         install(name)
         for _ in range(warmup):
             timed_step(variants[name], *inputs)
     if after_warmup:
         after_warmup()
-    steps = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            install(name)
-            steps[name] += [timed_step(variants[name], *inputs) for _ in range(per_round)]
-    return steps
+
+    def turn(name):
+        install(name)
+        return [timed_step(variants[name], *inputs) for _ in range(per_round)]
+
+    turns = interleave(variants, turn, rounds, rotate=True)
+    return {name: [s for steps in each for s in steps] for name, each in turns.items()}
 
 
 def _mentions_rotary(event):
@@ -296,32 +299,49 @@ def paired_vs_bound(report, tokens):
 
 
 def markdown(report, meta) -> str:
-    timer = "CUDA events" if meta["device"] != "CPU" else "wall clock"
+    from .output import markdown_table
+    from .runmeta import recorded_versions
+
+    # e2e.json files written before run_meta hold no "gpu": their "device" is the GPU's name or CPU
+    where = meta.get("gpu", meta["device"]) or "CPU"
+    versions = recorded_versions(meta)
+    timer = "CUDA events" if where != "CPU" else "wall clock"
     compiled = (", every variant torch.compile'd (kernelize with Mode.TRAINING | Mode.TORCH_COMPILE, "
                 "then nn.Module.compile; the warm-up steps compile)") if meta.get("compile") else ""
-    lines = [
-        f"Qwen3-Omni vision encoder training step (fwd+bwd){compiled}, {meta['device']}, {meta['dtype']}, "
-        f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
-        f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
-        f"(torch {meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}).",
-        "",
-        "| tokens | eager rotary | kernelized (rope-bwd) | identity rotary (bound) | kernelized vs bound "
-        f"| same, paired by round: median (rounds within {100 * TARGET:.0f}%) | speedup vs eager |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for n, r in report["results_ms"].items():
         paired, within, rounds = paired_vs_bound(report, n)
-        lines.append(
-            f"| {n} | {r['eager']:.2f} ms | {r['kernelized']:.2f} ms | {r['identity']:.2f} ms "
-            f"| {100 * (r['kernelized'] / r['identity'] - 1):+.1f}% | {100 * paired:+.1f}% ({within} of {rounds}) "
-            f"| {r['eager'] / r['kernelized']:.3f}x |"
-        )
+        rows.append([n, f"{r['eager']:.2f} ms", f"{r['kernelized']:.2f} ms", f"{r['identity']:.2f} ms",
+                     f"{100 * (r['kernelized'] / r['identity'] - 1):+.1f}%",
+                     f"{100 * paired:+.1f}% ({within} of {rounds})", f"{r['eager'] / r['kernelized']:.3f}x"])
+    lines = [
+        f"Qwen3-Omni vision encoder training step (fwd+bwd){compiled}, {where}, {meta['dtype']}, "
+        f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
+        f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
+        f"(torch {versions['torch']}, triton {versions['triton']}, transformers {versions['transformers']}).",
+        "",
+        markdown_table(["tokens", "eager rotary", "kernelized (rope-bwd)", "identity rotary (bound)",
+                        "kernelized vs bound", f"same, paired by round: median (rounds within {100 * TARGET:.0f}%)",
+                        "speedup vs eager"], rows),
+    ]
     frames = report.get("compiled_frames", {})
     if frames:
         lines += ["", "Frames compiled by dynamo, all variants: "
                   + "; ".join(f"{n} tokens {f['warm-up']} in the warm-up, {f['timed']} while timed"
                               for n, f in frames.items()) + "."]
     profile = report.get("profile", {})
+    rows = []
+    for n, r in report["results_ms"].items():
+        for v, ms in r.items():
+            host, rm = report["host_ms"][n][v], report["round_medians_ms"][n][v]
+            row = [n, v, f"{ms:.2f} ms", f"{host['enqueue']:.2f} ms", f"{host['wall']:.2f} ms",
+                   f"{min(rm):.2f}-{max(rm):.2f} ms"]
+            if n in profile:
+                p = profile[n][v]
+                row += [f"{p['kernel_ms']:.2f} ms", f"{ms - p['kernel_ms']:.2f} ms", p["launches"],
+                        f"{p['rotary_ms']:.3f} ms ({p['rotary_launches']})"]
+            rows.append(row)
+    kernel_columns = ["kernel time", "idle", "kernels", "rotary kernels (count)"] if profile else []
     lines += [
         "",
         "Per variant: host enqueue = time until backward() returns, before the final synchronize "
@@ -329,24 +349,12 @@ def markdown(report, meta) -> str:
         "layer; close to the step time means host-bound), host wall = until the device is done; "
         "rounds = the lowest and highest per-round median."
         + (" Kernels: one more step under torch.profiler"
-           + (" (on CPU: the leaf operators, rotary = inside a rotary operator)" if meta["device"] == "CPU"
+           + (" (on CPU: the leaf operators, rotary = inside a rotary operator)" if where == "CPU"
               else " (memcpy/memset not counted), rotary = kernels whose name mentions rotary")
            + "; idle = step - kernel time, the device waiting for the host." if profile else ""),
         "",
-        "| tokens | variant | step | host enqueue | host wall | rounds"
-        + (" | kernel time | idle | kernels | rotary kernels (count) |" if profile else " |"),
-        "|---|---|---|---|---|---" + ("|---|---|---|---|" if profile else "|"),
+        markdown_table(["tokens", "variant", "step", "host enqueue", "host wall", "rounds", *kernel_columns], rows),
     ]
-    for n, r in report["results_ms"].items():
-        for v, ms in r.items():
-            host, rm = report["host_ms"][n][v], report["round_medians_ms"][n][v]
-            line = (f"| {n} | {v} | {ms:.2f} ms | {host['enqueue']:.2f} ms | {host['wall']:.2f} ms "
-                    f"| {min(rm):.2f}-{max(rm):.2f} ms |")
-            if n in profile:
-                p = profile[n][v]
-                line += (f" {p['kernel_ms']:.2f} ms | {ms - p['kernel_ms']:.2f} ms | {p['launches']} "
-                         f"| {p['rotary_ms']:.3f} ms ({p['rotary_launches']}) |")
-            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -367,18 +375,18 @@ def add_arguments(parser):
                         help="torch.compile every variant (kernelize with Mode.TORCH_COMPILE too); "
                              "the warm-up steps compile, so give at least one")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for e2e.json and e2e.md")
-    parser.add_argument("--from-json", type=Path, metavar="E2E_JSON",
+    parser.add_argument("--from-json", type=cli.existing_file, metavar="E2E_JSON",
                         help="print the tables of a saved e2e.json (no run)")
     parser.add_argument("--varres", action="store_true",
                         help="training on images of varying resolution: each variant in a fresh process, "
                              "one step per image over --varres-sides, two passes (varres.py)")
     parser.add_argument("--varres-sides", type=cli.positive_int, nargs="+", default=list(varres.SIDES),
                         help="image sides in patches for --varres")
-    parser.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=list(varres.VARIANTS),
+    parser.add_argument("--variants", type=cli.subset_of(varres.VARIANTS, "variants"), default=list(varres.VARIANTS),
                         help=f"variants for --varres, of {','.join(varres.VARIANTS)}")
     parser.add_argument("--depth", type=cli.positive_int, default=4, help="encoder depth for --varres")
     parser.add_argument("--varres-child", help=argparse.SUPPRESS)  # the parent's call of each fresh process
-    parser.add_argument("--varres-result", type=Path, help=argparse.SUPPRESS)
+    add_result_argument(parser)
     parser.add_argument("--quick", action="store_true",
                         help="tiny encoder, 64 tokens, 1 warm-up, 2 rounds of 2 steps, on CPU without a GPU: "
                              "exercises the code path only")
@@ -386,14 +394,11 @@ def add_arguments(parser):
 
 def main(args) -> int:
     if args.varres_child:
-        config = QUICK_OMNI if args.quick else {**REAL_OMNI, "depth": args.depth}
-        result = varres.child(args.varres_child, args.varres_sides, args.repo_id or _repo_id(), config)
-        args.varres_result.write_text(json.dumps(result))
+        result = varres.child(args.varres_child, args.varres_sides, args.repo_id or _repo_id(),
+                              varres.model_config(args))
+        args.child_result.write_text(json.dumps(result))
         return 0
     if args.varres:
-        unknown = set(args.variants) - set(varres.VARIANTS)
-        if unknown:
-            raise cli.UsageError(f"--variants: unknown {sorted(unknown)}; choose from {','.join(varres.VARIANTS)}")
         args.out.mkdir(parents=True, exist_ok=True)
 
         def save(report):
@@ -407,8 +412,7 @@ def main(args) -> int:
         saved = json.loads(args.from_json.read_text())
         print(markdown({k: v for k, v in saved.items() if k != "meta"}, saved["meta"]))
         return 0
-    import transformers
-    import triton
+    from .runmeta import run_meta
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
@@ -431,14 +435,10 @@ def main(args) -> int:
     results, frames = run(tokens=tokens, repo_id=args.repo_id, device=device, dtype=dtype, model_config=config,
                           warmup=warmup, rounds=rounds, per_round=iters // rounds,
                           profile_dir=args.out if args.profile else None, compile=args.compile)
-    meta = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-        "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "iters": iters,
-        "rounds": rounds, "steps_per_round": iters // rounds,
-        "model": ", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
-        "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
-        "repo_id": args.repo_id, "compile": args.compile,
-    }
+    meta = run_meta(device, dtype=str(dtype).removeprefix("torch."), warmup=warmup, iters=iters, rounds=rounds,
+                    steps_per_round=iters // rounds,
+                    model=", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
+                    repo_id=args.repo_id, compile=args.compile)
     report = summarize(results, rounds)
     if frames:
         report["compiled_frames"] = frames

@@ -3,31 +3,37 @@ launch path, against transformers' eager function and an identity, on a small CU
 (where host time, not the GPU, sets the pace); and what a never-seen S costs.
 Figures are microseconds per call over passes of 200 calls (the GPU synchronized only between
 passes): the median and the best pass. The rows take turns, one pass each per round, for 15
-rounds, so that a noisy stretch of the host (it varies by 2x within minutes on the H200
-machine) lands on every row rather than on whichever row ran then."""
+rounds, so that a noisy stretch of the host (its speed swings within minutes: RESULTS.md)
+lands on every row rather than on whichever row ran then."""
 
 import statistics
 import time
 
 import torch
 
+from . import cli
 from .load import load_kernel, submodule
 
 
 def per_call_us(rows, n=200, rounds=15):
     """{name: (median, best) us per call}, the rows interleaved pass by pass."""
+    from .timing import interleave
+
     for fn in rows.values():
         for _ in range(20):
             fn()
     torch.cuda.synchronize()
-    passes = {name: [] for name in rows}
-    for _ in range(rounds):
-        for name, fn in rows.items():
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            passes[name].append((time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
+
+    def one_pass(name):
+        fn = rows[name]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        us = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        return us
+
+    passes = interleave(rows, one_pass, rounds)
     return {name: (statistics.median(p), min(p)) for name, p in passes.items()}
 
 
@@ -68,8 +74,12 @@ def add_arguments(parser):
 
 def main(args=None):
     import triton
-    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as modeling
 
+    from .e2e import modeling_module
+
+    if not torch.cuda.is_available():
+        raise cli.UsageError("host times the launch path on a CUDA GPU: this machine has none")
+    modeling = modeling_module("qwen3_omni_moe")
     rope = load_kernel()
     ops, rt, tuning = (submodule(rope, n) for n in ("ops", "rotary_triton", "tuning"))
     S, H, D = 256, 16, 72  # Qwen3-Omni's heads; q and k are views of one qkv projection

@@ -8,13 +8,19 @@ from . import REPO_ROOT
 from .build import build_variants, repo_id
 
 
-def load_kernel(build: bool = True):
-    """build=False: a worker process whose parent has built the variants (and set LOCAL_KERNELS)."""
-    import kernels
-
+def use_local_build(build: bool = True):
+    """LOCAL_KERNELS names this checkout, for this process and those it starts. build=False: a
+    worker process whose parent has built the variants (and set LOCAL_KERNELS)."""
     if build:
         build_variants()
     os.environ["LOCAL_KERNELS"] = f"{repo_id()}={REPO_ROOT}"
+
+
+def load_kernel(build: bool = True):
+    """The package from build/, through kernels.get_kernel (use_local_build's build)."""
+    import kernels
+
+    use_local_build(build)
     return kernels.get_kernel(repo_id(), version=1)
 
 

@@ -15,12 +15,11 @@ of the forward's bytes and one of the backward's.
 """
 
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
 
-from . import REPO_ROOT, cli
+from . import REPO_ROOT, cli, output
 
 LAYOUTS = ("sdpa", "flash")
 SEQ_LENS = (256, 1024, 4096, 16384, 65536)
@@ -89,10 +88,9 @@ class Copies:
 
 
 def _transformers_fn():
-    import importlib
+    from .e2e import modeling_module
 
-    family = "qwen3_omni_moe"
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}").apply_rotary_pos_emb_vision
+    return modeling_module("qwen3_omni_moe").apply_rotary_pos_emb_vision
 
 
 def implementations(kernel, others, peers):
@@ -122,7 +120,6 @@ def _verify(last, x, rows, dtype_name):
     import torch
 
     from . import suite
-    from .bench import TOLERANCE
 
     pick = rows.to(x["q"].device)
     leaves = [x[n].detach()[pick].cpu().double().requires_grad_() for n in ("q", "k")]
@@ -130,15 +127,16 @@ def _verify(last, x, rows, dtype_name):
     outs = suite.reference_vision_forward(*leaves, *tables)
     grads = torch.autograd.grad(outs, leaves, [x[n][pick].cpu().double() for n in ("gq", "gk")])
     err = max(suite.rel_err(o[pick], r) for o, r in zip(last, (*outs, *grads)))
-    return {"max_rel_err": err, "ok": err <= TOLERANCE[dtype_name]}
+    return {"max_rel_err": err, "ok": err <= suite.TOLERANCE[dtype_name]}
 
 
 def measure(args) -> dict:
     import torch
     from tqdm import tqdm
 
-    from .bench import _rows, run_meta
+    from .bench import _rows
     from .load import load_kernel, load_other
+    from .runmeta import run_meta
     from .timing import ColdL2Timer
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -148,8 +146,7 @@ def measure(args) -> dict:
     impls = implementations(kernel, others, set(args.peers))
     workloads = [(dt, D, lay, S) for dt in args.dtypes for D in args.head_dims for lay in args.layouts
                  for S in args.seq_lens]
-    meta = run_meta(kernel, timer, args.calls, "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]))
-    meta.update(heads=args.heads, ab=[str(p) for p in args.ab or ()])
+    meta = run_meta(device, kernel=kernel, timer=timer, heads=args.heads, ab=[str(p) for p in args.ab or ()])
     rows_out = []
     n_runs = len(workloads) * (len(impls) + ("copy" in args.peers))
     with tqdm(total=n_runs, desc="realcall", unit="run", file=sys.stderr) as bar:
@@ -192,8 +189,6 @@ def _us(entry, name):
 
 
 def markdown(run) -> str:
-    from .bench import _table
-
     meta, labels = run["meta"], run["labels"]
     names = [n for n in labels if n != "ours"]
     header = ["dtype", "D", "grad layout", "S", "ours us"]
@@ -214,7 +209,7 @@ def markdown(run) -> str:
         f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
         f"{meta['heads']} heads; {gpu}; {meta['timer']}; mean of {meta['calls']} calls; "
         f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}; {meta['date']}.  ",
-        f"Command: `{meta['command']}`", "", _table(header, rows), "",
+        f"Command: `{meta['command']}`", "", output.markdown_table(header, rows), "",
         "Verification (float64, before timing): " + ("all passed." if not fails else "FAILED: " + "; ".join(fails)),
     ]
     ratios = [_us(w, "ours") / _us(w, "copy") for w in run["workloads"] if _us(w, "ours") and _us(w, "copy")]
@@ -238,10 +233,7 @@ def render_plot(run, path, plt):
            title=f"real call, forward + backward, {run['meta'].get('gpu') or 'CPU (meaningless)'}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    output.save_figure(fig, path)
 
 
 def add_arguments(parser):
@@ -252,7 +244,7 @@ def add_arguments(parser):
     parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), default=["bfloat16"])
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
                         help="upstream gradient: sdpa's [1, H, S, D] transposed, or flash-attention's [S, H, D]")
-    parser.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p], default=list(PEERS),
+    parser.add_argument("--peers", type=cli.subset_of(PEERS, "peers"), default=list(PEERS),
                         help=f"comma-separated subset of {','.join(PEERS)}")
     parser.add_argument("--ab", type=Path, nargs="+",
                         help="also time other builds of ours: checkouts with build/ (A/B in one process)")
@@ -270,9 +262,6 @@ def main(args) -> int:
     if args.quick:
         args.seq_lens, args.head_dims, args.heads, args.calls = (list(QUICK["seq_lens"]), list(QUICK["head_dims"]),
                                                                  QUICK["heads"], QUICK["calls"])
-    unknown = set(args.peers) - set(PEERS)
-    if unknown:
-        raise cli.UsageError(f"--peers: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")
     missing = [str(p) for p in args.ab or () if not (p / "build").is_dir()]
     if missing:
         raise cli.UsageError(f"--ab: no build/ in {', '.join(missing)} (run `python -m rope_bwd_triton build` there)")
@@ -282,7 +271,7 @@ def main(args) -> int:
     args.json.write_text(json.dumps(run, indent=1) + "\n")
     text = markdown(run)
     args.markdown.write_text(text)
-    plt = cli.pyplot("realcall", args.plot)
+    plt = output.pyplot("realcall", args.plot)
     if plt:
         render_plot(run, args.plot, plt)
     print(text)

@@ -19,16 +19,18 @@ call gives two figures:
 `ColdL2Timer(primary=...)` picks the figure `timer(fn)` returns; the other one
 rides along in `Stats.other`. Means are over the calls of one `timer(fn)`.
 
-Seen on an H200 (torch 2.11): the span is the events' time less ~3 us (the
-launch latency after the flush), and the profiler moves the events by < 0.5%;
-but it costs host time: the first profiled call of a process ~6 s (CUPTI
-starts), then 0.1-0.2 s per `timer(fn)` of 40 calls against ~30 ms without it.
-A caller that times many candidates and needs only the events can pass
-`profile=False`.
+The span is the events' time less the launch latency after the flush, and the
+profiler hardly moves the events; but it costs host time: CUPTI starts in the
+first profiled call of a process, and every `timer(fn)` takes longer under it
+(NOTES.md, RESULTS.md). A caller that times many candidates and needs only the
+events can pass `profile=False`.
 
 On a CPU device the same interface times wall clock without a cache flush and
 without a profiler (`Stats.other` is None): only there to exercise the code
 path, the numbers mean nothing.
+
+`interleave` takes turns round by round, for the commands that time several
+things by the host's clock or over whole steps (host, e2e).
 """
 
 import contextlib
@@ -86,12 +88,13 @@ def rope_bench_cold_l2_flush(ptr, n, BLOCK: tl.constexpr):
 
     Why two passes: lines that a kernel loaded with evict_last priority (inductor's kernels
     load broadcast and re-read operands that way) outlive stores of the default priority, of
-    any volume. On the H200 a copy of 8 MiB whose source had been read with evict_last ran in
-    4.44 us after a one-pass flush against 5.33 us on fresh buffers. Stores of evict_last
+    any volume: after a one-pass flush a copy whose source had been read with evict_last ran
+    faster than on fresh buffers (RESULTS.md, "The cold-L2 flush"). Stores of evict_last
     priority displace those lines; the second pass gives the buffer's lines the default
-    priority back, so that the timed call's own loads evict them as usual (5.38 against 5.34
-    us). Programs start in about the order of their ids, so the first pass is over before
-    the second reaches lines the first left in L2. `flush_check` measures this in every run."""
+    priority back, so that the timed call's own loads evict them as usual (the copy then
+    takes its fresh-buffer time). Programs start in about the order of their ids, so the
+    first pass is over before the second reaches lines the first left in L2. `flush_check`
+    measures this in every run."""
     pid = tl.program_id(0)
     per_pass = tl.num_programs(0) // 2
     offs = (pid % per_pass).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -284,6 +287,20 @@ class ColdL2Timer:
         raise RuntimeError(f"the host could not enqueue {n} calls within a {sleep_us / 4:.0f} us GPU sleep")
 
 
+def interleave(names, turn, rounds: int, *, rotate: bool = False) -> dict:
+    """{name: [turn(name) of each round]}: `rounds` rounds in which every name takes its turn, so
+    that drift of the machine (clocks, temperature, a noisy host) lands on every name alike rather
+    than on whichever ran then. rotate: each round starts one name later (e2e), so that none
+    always follows the same one."""
+    names = list(names)
+    out = {name: [] for name in names}
+    for r in range(rounds):
+        first = r % len(names) if rotate else 0
+        for name in names[first:] + names[:first]:
+            out[name].append(turn(name))
+    return out
+
+
 def time_us(nbytes: float, GBps: float) -> float:
     """Microseconds to move nbytes at GBps (GB/s = bytes per ns)."""
     return nbytes / (GBps * 1e3)
@@ -306,8 +323,8 @@ def copy_bandwidth(timer: ColdL2Timer, nbytes: int = 1 << 30) -> dict:
 def flush_check(timer: ColdL2Timer, nbytes: int = 8 << 20) -> dict:
     """Whether the flush evicts lines of evict_last priority: a copy of nbytes timed on fresh
     buffers, then on fresh buffers whose source was first read with evict_last. A flush that
-    leaves those lines in L2 makes the second faster (0.83x on the H200 with one pass of
-    default-priority stores, by kernel durations); ratio = second / first."""
+    leaves those lines in L2 makes the second faster (as one pass of default-priority stores
+    did: RESULTS.md); ratio = second / first."""
     def copy(src, dst, eviction):
         rope_bench_copy[(triton.cdiv(src.numel(), FLUSH_BLOCK),)](src, dst, src.numel(), BLOCK=FLUSH_BLOCK,
                                                                   EVICTION=eviction)

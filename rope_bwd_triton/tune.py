@@ -36,7 +36,7 @@ BLOCK_S = (1, 2, 4, 8)
 NUM_WARPS = (1, 2, 4, 8)
 MAX_TILE = 8192  # elements of a BLOCK_S x BLOCK_R x BLOCK_D tile; more only spills registers
 # Channels of one half tile (BLOCK_S x BLOCK_R/2 x BLOCK_D) per thread: past 32 the tile spills,
-# and Triton 3.6 took over a minute to compile some such tiles (NOTES.md).
+# and Triton 3.6 compiled some such tiles very slowly (NOTES.md).
 MAX_PER_THREAD = 32
 SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")  # what a tuned entry holds
 VERIFY_ROWS = 256
@@ -127,14 +127,13 @@ class Bucket:
             self.rt.launch_bwd(gq, gk, cos, sin, dq=out[0], dk=out[1], config=cfg)
 
     def correct(self, cfg) -> bool:
-        from .bench import TOLERANCE
         from . import suite
 
         x, out = self.cases[0]
         for o in out:  # a candidate that skips elements must not pass on an earlier one's results
             o.fill_(float("nan"))
         self._run(x, out, cfg)
-        return all(suite.rel_err(o[self.rows.to(o.device)], r) <= TOLERANCE[self.dtype]
+        return all(suite.rel_err(o[self.rows.to(o.device)], r) <= suite.TOLERANCE[self.dtype]
                    for o, r in zip(out, self.refs))
 
     def times(self, cfg) -> list:
@@ -232,6 +231,7 @@ def run(args) -> dict:
     import torch
 
     from .load import load_kernel
+    from .runmeta import run_meta
     from .timing import ColdL2Timer
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -249,7 +249,9 @@ def run(args) -> dict:
         key=lambda j: priority(j[1], j[2]),
     )
     start = time.monotonic()
-    report = {"device": name, "out": str(out), "buckets": {}, "not_tuned": []}
+    # "device" names the table file (tuning.device_file)
+    report = {"meta": run_meta(device, kernel=kernel, timer=timer), "device": name, "out": str(out), "buckets": {},
+              "not_tuned": []}
     if device.type == "cuda" and args.jobs > 0:
         done, asked = precompile([(m, dt, D, args.seq_lens or S_REPS[sb]) for m, dt, D, sb in jobs], H, args.seed,
                                  args.jobs, time.time() + args.budget / 2)

@@ -12,16 +12,12 @@ compiled (the eager model under torch.compile, which goes dynamic after its firs
 recompilation).
 """
 
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import REPO_ROOT
+from .fresh import run_fresh
 
 VARIANTS = ("eager", "identity", "liger", "kernelized", "compiled")
 # Sides in patches (multiples of the spatial merge 2): 400 to 5184 tokens, in no order.
@@ -80,49 +76,42 @@ def child(variant, sides, repo_id, config) -> dict:
 def run(args, save=None) -> dict:
     """Every variant in its own fresh process; {"meta", "runs"}. save(report) after each
     variant, so that a run stopped midway keeps what it measured."""
-    runs = []
+    runs, meta = [], _meta(args)
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
-            result = Path(tmp) / f"{variant}.json"
-            env = dict(os.environ, TRITON_CACHE_DIR=f"{tmp}/triton-{variant}",
-                       TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor-{variant}")
-            cmd = [sys.executable, "-m", "rope_bwd_triton", "e2e", "--varres-child", variant, "--varres-result",
-                   str(result), "--varres-sides", *map(str, args.varres_sides), "--depth", str(args.depth)]
+            argv = ["e2e", "--varres-child", variant, "--varres-sides", *map(str, args.varres_sides),
+                    "--depth", str(args.depth)]
             if args.quick:
-                cmd.append("--quick")
+                argv.append("--quick")
             if args.repo_id:
-                cmd += ["--repo-id", args.repo_id]
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-            if proc.returncode:
-                runs.append({"variant": variant, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]})
-            else:
-                runs.append(json.loads(result.read_text()))
+                argv += ["--repo-id", args.repo_id]
+            runs.append({"variant": variant, **run_fresh(argv, Path(tmp), variant)})
             if save:
-                save({"meta": _meta(args), "runs": runs})
-    return {"meta": _meta(args), "runs": runs}
+                save({"meta": meta, "runs": runs})
+    return {"meta": meta, "runs": runs}
+
+
+def model_config(args) -> dict:
+    """The encoder: e2e's real width at --depth, or its tiny one with --quick."""
+    from . import e2e
+
+    return e2e.QUICK_OMNI if args.quick else {**e2e.REAL_OMNI, "depth": args.depth}
 
 
 def _meta(args) -> dict:
-    from datetime import datetime, timezone
-
     import torch
-    import transformers
-    import triton
 
-    from . import e2e
+    from .runmeta import run_meta
 
-    config = e2e.QUICK_OMNI if args.quick else {**e2e.REAL_OMNI, "depth": args.depth}
-    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (code-path check only)",
-            "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "model": ", ".join(f"{k} {v}" for k, v in config.items()) + ", bf16, sdpa, one image per step",
-            "command": "python -m rope_bwd_triton " + " ".join(sys.argv[1:])}
+    model = ", ".join(f"{k} {v}" for k, v in model_config(args).items()) + ", bf16, sdpa, one image per step"
+    return run_meta("cuda" if torch.cuda.is_available() else "cpu", model=model)
 
 
 def markdown(report) -> str:
-    from .bench import _table
+    from .output import markdown_table
 
     meta = report["meta"]
+    v = meta["versions"]
     rows = []
     for r in report["runs"]:
         if "error" in r:
@@ -134,6 +123,6 @@ def markdown(report) -> str:
     return (f"Training on images of varying resolution: Qwen3-Omni vision encoder ({meta['model']}); one "
             f"forward + backward per image, {len(tokens)} images of {', '.join(map(str, tokens))} tokens, two passes; "
             f"each variant in a fresh process with empty Triton/inductor caches; wall time until the GPU is done. "
-            f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}; "
-            f"{meta['date']}. Command: `{meta['command']}`\n\n"
-            + _table(["variant", "first pass ms", "second pass ms", "second pass, median step ms", "note"], rows) + "\n")
+            f"{meta['gpu'] or 'CPU (code-path check only)'}, torch {v['torch']}, triton {v['triton']}, "
+            f"transformers {v['transformers']}; {meta['date']}. Command: `{meta['command']}`\n\n"
+            + markdown_table(["variant", "first pass ms", "second pass ms", "second pass, median step ms", "note"], rows) + "\n")

@@ -22,9 +22,9 @@
 #   kbench `kernels benchmark` over benchmarks/benchmark.py
 #   host   host time per call of the launch path (python -m rope_bwd_triton host)
 #   copybound  ours against the best plain Triton copy of each task's bytes on the suite
-#          (benchmarks/copy_bound.py)
+#          (python -m rope_bwd_triton copybound)
 #   ncu    hardware counters of our kernel and of a streaming kernel over the same bytes
-#          (benchmarks/ncu_profile.py under Nsight Compute)
+#          (python -m rope_bwd_triton ncu run under Nsight Compute, then ncu report)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}; mkdir -p "$OUT"
@@ -58,11 +58,11 @@ for stage in "$@"; do
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
     host)  python3 -m rope_bwd_triton host ${HOST_ARGS:-} | tee "$OUT/host.txt" ;;
-    copybound) python3 benchmarks/copy_bound.py --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
+    copybound) python3 -m rope_bwd_triton copybound --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
-           ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 benchmarks/ncu_profile.py metrics)" \
-               --csv --page raw python3 benchmarks/ncu_profile.py run --labels "$OUT/ncu-labels.json" > "$OUT/ncu.csv" &&
-           python3 benchmarks/ncu_profile.py report "$OUT/ncu.csv" --labels "$OUT/ncu-labels.json" --markdown "$OUT/ncu.md" ;;
+           ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 -m rope_bwd_triton ncu metrics)" \
+               --csv --page raw python3 -m rope_bwd_triton ncu run --labels "$OUT/ncu-labels.json" > "$OUT/ncu.csv" &&
+           python3 -m rope_bwd_triton ncu report "$OUT/ncu.csv" --labels "$OUT/ncu-labels.json" --markdown "$OUT/ncu.md" ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ ${PIPESTATUS[0]} -eq 0 ] || rc=1

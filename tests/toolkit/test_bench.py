@@ -156,6 +156,15 @@ def test_cpu_timer_is_wall_clock_with_no_second_figure():
         ColdL2Timer("cpu", primary="span", profile=False)
 
 
+def test_interleave_takes_turns_round_by_round():
+    order = []
+    out = timing.interleave({"a": 0, "b": 0, "c": 0}, lambda name: order.append(name) or len(order), 2)
+    assert "".join(order) == "abc" + "abc" and out == {"a": [1, 4], "b": [2, 5], "c": [3, 6]}
+    order.clear()
+    timing.interleave("abc", order.append, 3, rotate=True)
+    assert "".join(order) == "abc" + "bca" + "cab"
+
+
 @pytest.fixture(scope="module")
 def gpu_timers():
     return {m: ColdL2Timer("cuda", calls=20, warmup=2, primary=m) for m in timing.METHODS}

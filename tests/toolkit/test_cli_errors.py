@@ -26,6 +26,13 @@ CASES = [
     (["bench", "--head-dim", "7"], r"bench: error: argument --head-dim: must be even and in 2\.\.256, got 7"),
     (["bench", "--calls", "-1"], r"bench: error: argument --calls: must be a positive integer, got -1"),
     (["bench", "--peers", "eager,foo"], r"bench: error: argument --peers: unknown peers \['foo'\]"),
+    (["bench", "--tasks", "bwd,bwd_fp8"], r"bench: error: argument --tasks: unknown tasks \['bwd_fp8'\]; choose from bwd,"),
+    (["bench", "--from-json", "absent.json"], r"bench: error: argument --from-json: no such file: absent\.json"),
+    (["realcall", "--peers", "copy,flash"], r"realcall: error: argument --peers: unknown peers \['flash'\]"),
+    (["realcall", "--ab", "absent"], r"realcall: error: --ab: no build/ in absent"),
+    (["coldstart", "--impls", "ours,tvm"], r"coldstart: error: argument --impls: unknown implementations \['tvm'\]"),
+    (["e2e", "--varres", "--variants", "eager,jax"], r"e2e: error: argument --variants: unknown variants \['jax'\]"),
+    (["e2e", "--from-json", "absent.json"], r"e2e: error: argument --from-json: no such file: absent\.json"),
     (["publish", "--dry-run", "--repo-id", "not a repo"], r"publish: error: argument --repo-id: Repo id must use"),
     (["publish", "--dry-run", "--repo-id", "a/b/c"], r"publish: error: argument --repo-id: Repo id must be in the form"),
     (["publish", "--dry-run", "--repo-id", "name"], r"publish: error: argument --repo-id: expected <namespace>/<name>"),
@@ -34,14 +41,21 @@ CASES = [
     (["tune", "--calls", "0"], r"tune: error: argument --calls: must be a positive integer, got 0"),
     (["tune", "--jobs", "-1"], r"tune: error: argument --jobs: must be 0 or more, got -1"),
     (["tune", "--budget", "-1"], r"tune: error: argument --budget: must be a positive number, got -1"),
+    (["ncu"], r"ncu: error: the following arguments are required: \{metrics,run,report\}"),
+    (["ncu", "profile"], r"ncu: error: argument \{metrics,run,report\}: invalid choice: 'profile'"),
+    (["ncu", "report", "absent.csv", "--labels", "absent.json"], r"ncu report: error: argument csv: no such file: absent\.csv"),
+    (["ncu", "run"], r"ncu run: error: the following arguments are required: --labels"),
+    (["copybound", "--quick", "--json"], r"copybound: error: argument --json: expected one argument"),
 ]
 OUT_FLAGS = {"demo": ["--out"], "bench": ["--json", "--markdown", "--plot"], "e2e": ["--out"],
-             "tune": ["--out", "--log"], "publish": ["--to-cache"]}
+             "realcall": ["--json", "--markdown", "--plot"], "coldstart": ["--json"], "host": [],
+             "tune": ["--out", "--log"], "publish": ["--to-cache"], "copybound": ["--json"],
+             "ncu": [], "ncu report": ["--markdown"]}
 
 
 def outputs_into(argv, out):
     """argv with every output of the command pointed into `out` (which must stay absent)."""
-    flags = OUT_FLAGS[argv[0]]
+    flags = OUT_FLAGS.get(" ".join(argv[:2]), OUT_FLAGS[argv[0]])
     if argv[0] == "publish":  # --dry-run and --to-cache exclude each other: the dry run writes nothing
         return argv
     return argv + [x for i, f in enumerate(flags) for x in (f, str(out / f"{i}-{f.strip('-')}"))]
@@ -80,6 +94,27 @@ def test_tune_without_a_gpu_or_the_interpreter(capsys, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="the machine has a CUDA GPU")
+@pytest.mark.parametrize("argv,match", [
+    (["copybound"], r"copybound: error: copybound times Triton kernels: it needs a CUDA GPU"),
+    (["ncu", "run", "--labels"], r"ncu: error: ncu run launches our kernel on a CUDA GPU"),
+    (["host"], r"host: error: host times the launch path on a CUDA GPU"),
+])
+def test_gpu_commands_without_one(capsys, tmp_path, argv, match):
+    out = tmp_path / "out"
+    argv = argv + [str(out / "labels.json")] if argv[-1] == "--labels" else outputs_into(argv, out)
+    expect_usage_error(capsys, argv, match)
+    assert not out.exists()
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter is on")
+def test_copybound_quick_without_the_interpreter(capsys, tmp_path):
+    out = tmp_path / "out"
+    expect_usage_error(capsys, outputs_into(["copybound", "--quick"], out),
+                       r"copybound: error: --quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1")
+    assert not out.exists()
+
+
 def test_the_command_line_itself(tmp_path):
     """As a user runs it: status 2 and one line, no traceback."""
     proc = subprocess.run([sys.executable, "-m", "rope_bwd_triton", "demo", "--calls", "0", "--out", str(tmp_path / "o")],
@@ -99,7 +134,7 @@ def no_matplotlib(monkeypatch):
 def test_demo_without_matplotlib(kernel, no_matplotlib, capsys, tmp_path):
     assert toolkit.main(["demo", "--seq-lens", "3", "--calls", "2", "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    assert json.loads((tmp_path / "demo.json").read_text())["rows"][0]["ok"]
+    assert json.loads((tmp_path / "demo.json").read_text())["workloads"][0]["results"]["ours_bwd"]["verify"]["ok"]
     assert not (tmp_path / "demo.png").exists()
     assert f"demo: matplotlib is not installed, so {tmp_path / 'demo.png'} is not drawn" in captured.err
     assert captured.out.splitlines()[-1] == f"wrote {tmp_path / 'demo.json'}"

@@ -1,5 +1,6 @@
 """The main job end to end on this machine (tiny workloads): it loads the kernel through
-get_kernel, verifies every workload against float64 and writes its JSON and plot."""
+get_kernel, verifies every token row of every workload against float64 and writes its JSON
+(a bench run of ours' full backward) and plot."""
 
 import json
 import subprocess
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from rope_bwd_triton import REPO_ROOT
+from rope_bwd_triton import REPO_ROOT, bench, demo, suite
 
 
 def test_demo_runs_and_verifies(tmp_path):
@@ -17,17 +18,23 @@ def test_demo_runs_and_verifies(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "through kernels.get_kernel" in proc.stdout and "all workloads pass" in proc.stdout
-    result = json.loads((tmp_path / "demo.json").read_text())
-    assert [r["S"] for r in result["rows"]] == [3, 17]
-    for row in result["rows"]:
-        assert row["ok"] and row["rel_err"] < 1e-5 and row["sol_pass"] == 1.0
+    run = json.loads((tmp_path / "demo.json").read_text())
+    assert [w["S"] for w in run["workloads"]] == [3, 17]
+    assert run["meta"]["calls"] == 2 and run["meta"]["command"].startswith("python -m rope_bwd_triton demo ")
+    for w in run["workloads"]:
+        assert list(w["results"]) == ["ours_bwd"]
+        r = w["results"]["ours_bwd"]
+        assert r["verify"]["ok"] and r["verify"]["max_rel_err"] < suite.TOLERANCE["float32"]
+        assert r["verify"]["sol_pass_fraction"] == 1.0
+        assert r["verify"]["rows"] == w["S"]  # every token row
+        assert r["time"]["n"] == 2
     assert (tmp_path / "demo.png").stat().st_size > 0
+    assert bench.render_markdown([run])  # `bench --from-json` renders it
 
 
 def test_demo_table_on_a_gpu():
     """The GPU layout of the demo's table (floor, x floor, GB/s) from a known case: the
     public S=4096 workload moves 205.5 MB, 49.9 us at 4.12 TB/s; a 61.0 us call is 1.22x."""
-    from rope_bwd_triton import demo, suite
     from rope_bwd_triton.timing import bandwidth_GBps, time_us
 
     nbytes = suite.floor_bytes(4096)
@@ -42,3 +49,22 @@ def test_demo_table_on_a_gpu():
     assert lines[4].startswith("verification: all workloads pass")
     row["ok"] = False
     assert demo.table([row], "NVIDIA H200", 4120.0)[2].endswith("FAILED")
+
+
+def test_demo_verdict_takes_both_rules():
+    """A workload passes within the tolerance and with SOL-ExecBench's rule met on >= 99% of
+    its elements; ours failing to run fails the demo."""
+    def run(rel_err, sol_pass):
+        check = {"ok": rel_err <= suite.TOLERANCE["float32"], "max_rel_err": rel_err, "sol_pass_fraction": sol_pass}
+        result = {"verify": check, "time": {"mean_us": 3.0}, "GBps": 5.0}
+        return {"meta": {"gpu": "G"},
+                "workloads": [{"S": 8, "floors": {"bwd": {"us": 2.0}}, "results": {"ours_bwd": result}}]}
+
+    assert demo.rows(run(1e-7, 1.0)) == [
+        {"S": 8, "rel_err": 1e-7, "sol_pass": 1.0, "ok": True, "time_us": 3.0, "floor_us": 2.0, "GBps": 5.0}]
+    assert not demo.rows(run(1e-7, 0.98))[0]["ok"]
+    assert not demo.rows(run(2e-5, 1.0))[0]["ok"]
+    broken = run(1e-7, 1.0)
+    broken["workloads"][0]["results"]["ours_bwd"] = {"error": "RuntimeError: boom"}
+    with pytest.raises(RuntimeError, match="S=8: RuntimeError: boom"):
+        demo.rows(broken)

@@ -77,7 +77,7 @@ def test_e2e_quick_compiled(tmp_path):
     frames = report["compiled_frames"][n]
     assert frames["warm-up"] > 0 and frames["timed"] == 0
     profile = report["profile"][n]
-    assert (profile["kernelized"]["rotary_launches"] > 0) == (report["meta"]["device"] != "CPU")
+    assert (profile["kernelized"]["rotary_launches"] > 0) == (report["meta"]["gpu"] is not None)
     assert profile["eager"]["rotary_launches"] == profile["identity"]["rotary_launches"] == 0
     md = (out / "e2e.md").read_text()
     assert "every variant torch.compile'd" in md and f"{n} tokens {frames['warm-up']} in the warm-up, 0 while timed" in md
@@ -89,6 +89,21 @@ def test_paired_vs_bound():
     median, within, rounds = e2e.paired_vs_bound(report, 4096)
     assert rounds == 4 and within == 1  # +2%, +5%, +5%, +3.3%: only the first is within 3%
     assert abs(median - (0.05 + 1 / 30) / 2) < 1e-12
+
+
+def test_markdown_of_a_run_recorded_before_run_meta():
+    """`e2e --from-json` renders the saved runs RESULTS.md cites: their meta holds the GPU's name in
+    "device" and the versions flat."""
+    report = e2e.summarize({4096: {v: {"steps": [(2.0, 1.0, 2.5)] * 2} for v in VARIANTS}}, rounds=2)
+    fields = dict(dtype="bfloat16", warmup=1, iters=2, rounds=2, steps_per_round=1, model="m", compile=False)
+    versions = {"torch": "2.11", "triton": "3.6", "transformers": "4.57"}
+    old = e2e.markdown(report, {"device": "NVIDIA H200", **versions, **fields})
+    new = e2e.markdown(report, {"device": "cuda", "gpu": "NVIDIA H200", "versions": versions, **fields})
+    assert old == new
+    assert "(fwd+bwd), NVIDIA H200, bfloat16" in new and "(CUDA events)" in new
+    assert "(torch 2.11, triton 3.6, transformers 4.57)" in new
+    cpu = e2e.markdown(report, {"device": "cpu", "gpu": None, "versions": versions, **fields})
+    assert "(fwd+bwd), CPU, bfloat16" in cpu and "(wall clock)" in cpu
 
 
 def test_rounds_interleave_and_rotate(monkeypatch):

@@ -13,12 +13,14 @@ def test_realcall_quick_verifies_ours_and_an_ab_build(tmp_path):
     out = tmp_path / "rc"
     proc = subprocess.run(
         [sys.executable, "-m", "rope_bwd_triton", "realcall", "--quick", "--peers", "copy,transformers",
+         "--dtypes", "bfloat16", "float16",
          "--ab", str(REPO_ROOT), "--json", str(out / "rc.json"), "--markdown", str(out / "rc.md"),
          "--plot", str(out / "rc.png")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = json.loads((out / "rc.json").read_text())
-    assert {(w["layout"], w["S"]) for w in run["workloads"]} == {(lay, S) for lay in realcall.LAYOUTS for S in (8, 33)}
+    assert {(w["dtype"], w["layout"], w["S"]) for w in run["workloads"]} == {
+        (dt, lay, S) for dt in ("bfloat16", "float16") for lay in realcall.LAYOUTS for S in (8, 33)}
     for w in run["workloads"]:
         assert set(w["results"]) == {"ours", "ab", "transformers", "copy"}
         assert all(r["verify"]["ok"] for r in w["results"].values())

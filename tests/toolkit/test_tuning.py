@@ -179,6 +179,7 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
     key = t.bucket(*BUCKET)
     assert list(table) == [key] and set(table[key]) == set(SEARCHED)
     assert log["buckets"][key]["tried"] and not log["not_tuned"] and "precompile" not in log
+    assert log["meta"]["command"].startswith("python -m rope_bwd_triton tune ") and log["meta"]["gpu"] is None
     if search:
         assert GRID_16 <= {tuple(c[k] for k in SEARCHED) for c in log["buckets"][key]["tried"]}
 

@@ -1,9 +1,11 @@
-"""Hardware counters (Nsight Compute) for our kernel and for an elementwise kernel that moves
-the same bytes, on the workloads whose ratios RESULTS.md discusses: why a ratio is what it is.
+"""`python -m rope_bwd_triton ncu`: hardware counters (Nsight Compute) for our kernel and for an
+elementwise kernel that moves the same bytes, on the workloads whose ratios RESULTS.md discusses:
+why a ratio is what it is.
 
-    ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics $(python benchmarks/ncu_profile.py metrics) \
-        --csv --page raw python benchmarks/ncu_profile.py run --labels labels.json > ncu.csv
-    python benchmarks/ncu_profile.py report ncu.csv --labels labels.json --markdown ncu.md
+    ncu --clock-control none --nvtx --nvtx-include "profile/" \
+        --metrics $(python -m rope_bwd_triton ncu metrics) --csv --page raw \
+        python -m rope_bwd_triton ncu run --labels labels.json > ncu.csv
+    python -m rope_bwd_triton ncu report ncu.csv --labels labels.json --markdown ncu.md
 
 (`bash scripts/h200.sh ncu` runs both.) `run` launches, inside one NVTX range per workload,
 our kernel through the loaded package (the bench's calls, shipped launch configurations) and
@@ -12,13 +14,11 @@ streaming kernel of PyTorch's, the profiled stand-in for the bench's device copy
 transfer has no counters). ncu flushes the caches before each kernel (cold L2, as the bench).
 """
 
-import argparse
 import csv
 import json
-import os
-import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from . import cli
 
 # (bench task, S, H, D, head_dim whose shipped launch configuration to use; None: D's own)
 WORKLOADS = [
@@ -57,9 +57,10 @@ COLUMNS = {
 def run(args):
     import torch
 
-    from rope_bwd_triton import bench
-    from rope_bwd_triton.load import load_kernel
-    from rope_bwd_triton.suite import floor_bytes
+    from . import bench
+    from .load import load_kernel
+    from .runmeta import run_meta
+    from .suite import floor_bytes
 
     kernel = load_kernel()
     impls = {i.task: i for i in bench.IMPLS if i.peer is None}
@@ -84,9 +85,9 @@ def run(args):
         torch.cuda.nvtx.range_pop()
         name = f"{task} S={S} D={D}" + (f", launched as D={config_of}" if config_of else "")
         labels += [(name, "ours"), (name, "torch.neg, same bytes")]
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "kernel_variant": kernel.__name__}
-    with open(args.labels, "w") as f:
-        json.dump({"meta": meta, "kernels": labels}, f, indent=1)
+    meta = run_meta("cuda", kernel=kernel)
+    args.labels.parent.mkdir(parents=True, exist_ok=True)
+    args.labels.write_text(json.dumps({"meta": meta, "kernels": labels}, indent=1) + "\n")
 
 
 def _backward_with_config_of(kernel, x, head_dim):
@@ -94,7 +95,7 @@ def _backward_with_config_of(kernel, x, head_dim):
     of another head_dim."""
     import torch
 
-    from rope_bwd_triton.load import submodule
+    from .load import submodule
 
     gq, gk, q, k, emb = x
     S, H, _ = gq.shape
@@ -105,48 +106,51 @@ def _backward_with_config_of(kernel, x, head_dim):
 
 
 def report(args):
-    with open(args.labels) as f:
-        labels = json.load(f)
+    from .output import markdown_table
+    from .runmeta import recorded_versions
+
+    labels = json.loads(args.labels.read_text())
     # ncu's CSV: its own log lines, then a header row, a units row and one row per kernel in launch order
-    with open(args.csv) as f:
-        lines = [line for line in f if line.startswith('"')]
-    rows = list(csv.reader(lines))
-    header, kernels = rows[0], rows[2:]
+    lines = [line for line in args.csv.read_text().splitlines() if line.startswith('"')]
+    table = list(csv.reader(lines))
+    header, kernels = table[0], table[2:]
     if len(kernels) != len(labels["kernels"]):
-        raise SystemExit(f"{len(kernels)} profiled kernels for {len(labels['kernels'])} labels")
+        raise cli.UsageError(f"{args.csv}: {len(kernels)} profiled kernels for {len(labels['kernels'])} labels "
+                             f"in {args.labels}")
     col = {name: header.index(metric) for name, (metric, _, _) in COLUMNS.items()}
-    out = ["| workload | kernel | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
-    for (workload, what), row in zip(labels["kernels"], kernels):
-        cells = [fmt.format(float(row[col[name]].replace(",", "")) * scale)
-                 for name, (_, scale, fmt) in COLUMNS.items()]
-        out.append(f"| {workload} | {what} | " + " | ".join(cells) + " |")
+    rows = [[workload, what, *(fmt.format(float(row[col[name]].replace(",", "")) * scale)
+                               for name, (_, scale, fmt) in COLUMNS.items())]
+            for (workload, what), row in zip(labels["kernels"], kernels)]
     meta = labels["meta"]
-    text = (f"Device: {meta['gpu']}; torch {meta['torch']}; kernel variant `{meta['kernel_variant']}`\n\n"
-            + "\n".join(out) + "\n")
+    text = (f"Device: {meta['gpu']}; torch {recorded_versions(meta)['torch']}; "
+            f"kernel variant `{meta['kernel_variant']}`\n\n"
+            + markdown_table(["workload", "kernel", *COLUMNS], rows) + "\n")
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text)
     print(text)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("metrics", help="the --metrics list for ncu")
-    p = sub.add_parser("run", help="launch the workloads (under ncu)")
-    p.add_argument("--labels", required=True, help="write the profiled kernels' labels here (JSON)")
-    p = sub.add_parser("report", help="ncu's CSV -> markdown table")
-    p.add_argument("csv")
-    p.add_argument("--labels", required=True)
-    p.add_argument("--markdown")
-    args = parser.parse_args(argv)
-    if args.cmd == "metrics":
+def add_arguments(parser):
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{metrics,run,report}")
+    actions.add_parser("metrics", help="print the --metrics list for ncu")
+    p = actions.add_parser("run", help="launch the workloads (run it under ncu)")
+    p.add_argument("--labels", type=Path, required=True, help="write the profiled kernels' labels here (JSON)")
+    p = actions.add_parser("report", help="ncu's CSV and the labels -> markdown table")
+    p.add_argument("csv", type=cli.existing_file)
+    p.add_argument("--labels", type=cli.existing_file, required=True, help="what `run` wrote")
+    p.add_argument("--markdown", type=Path, help="also write the table here")
+
+
+def main(args) -> int:
+    if args.action == "metrics":
         print(",".join(metric for metric, _, _ in COLUMNS.values()))
-    elif args.cmd == "run":
+    elif args.action == "run":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise cli.UsageError("ncu run launches our kernel on a CUDA GPU (under Nsight Compute)")
         run(args)
     else:
         report(args)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,0 +1,55 @@
+"""What a recorded run says about itself, so that it can be read and redone: when, the command,
+the versions, the device and, on CUDA, the GPU. Every command that records a run (bench, demo,
+copybound, realcall, coldstart, e2e and its --varres, ncu run, tune) writes this as its "meta",
+with its own fields added."""
+
+import importlib.metadata
+import platform
+import shlex
+import sys
+from datetime import datetime, timezone
+
+CPU_NOTE = "CPU run: code-path check only, the timings mean nothing"
+
+
+def versions() -> dict:
+    import torch
+    import triton
+
+    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+             "triton": triton.__version__}
+    for dist in ("kernels", "liger-kernel", "transformers"):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
+
+
+def run_meta(device, *, kernel=None, timer=None, **fields) -> dict:
+    """date (UTC), command, device, versions; on CUDA the GPU's name, SM count and L2 size, on the
+    CPU gpu None and a note. kernel: the loaded variant, recorded by name; timer: the
+    timing.ColdL2Timer, its calls and methods. Then the command's own `fields`."""
+    import torch
+
+    device = torch.device(device)
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
+            "device": str(device), "versions": versions()}
+    if kernel is not None:
+        meta["kernel_variant"] = kernel.__name__
+    if timer is not None:
+        meta.update(calls=timer.calls, timer=timer.method, timer_other=timer.other)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
+    else:
+        meta.update(gpu=None, note=CPU_NOTE)
+    meta.update(fields)
+    return meta
+
+
+def recorded_versions(meta) -> dict:
+    """The versions in a saved run's meta: e2e.json files and ncu labels written before run_meta
+    hold them flat (RESULTS.md renders those files again with `e2e --from-json`)."""
+    return meta.get("versions", meta)
