@@ -18,8 +18,13 @@ import torch
 from kernels.benchmark import Benchmark
 
 HEADS = 16
-SHAPES = {"s128": (128, 128), "s1024": (1024, 128), "s4096": (4096, 128),
-          "qwen3_omni_d72_s4096": (4096, 72), "qwen25_vl_d80_s4096": (4096, 80)}
+SHAPES = {
+    "s128": (128, 128),
+    "s1024": (1024, 128),
+    "s4096": (4096, 128),
+    "qwen3_omni_d72_s4096": (4096, 72),
+    "qwen25_vl_d80_s4096": (4096, 80),
+}
 
 
 def _rotate_half(x):
@@ -76,12 +81,14 @@ class _Rope:
 def _workloads(*names):
     """Add setup_/benchmark_/verify_<name> methods (the runner finds workloads by these
     names) that call the class's _run and _verify on the inputs of SHAPES[name]."""
+
     def add(cls):
         for name in names:
             setattr(cls, f"setup_{name}", lambda self, name=name: self._inputs(name))
             setattr(cls, f"benchmark_{name}", lambda self: self._run())
             setattr(cls, f"verify_{name}", lambda self: self._verify())
         return cls
+
     return add
 
 

@@ -18,7 +18,7 @@ class _Parser(argparse.ArgumentParser):
 COMMANDS = {
     "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
     "demo": "the main job, bench with a preset: build, load through get_kernel, verify and time ours on the 16 "
-            "public workloads; table, JSON, plot",
+    "public workloads; table, JSON, plot",
     "bench": "time ours and the peers against the byte floor (cold L2); JSON, markdown, plot",
     "realcall": "time the real model's call (views of qkv, sdpa's gradient layout) against a copy and the peers",
     "coldstart": "first calls in fresh processes with empty Triton caches: ours and the peers",

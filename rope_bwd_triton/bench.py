@@ -1,4 +1,4 @@
-"""`python -m rope_bwd_triton bench`: ours against the byte floor and the peers (DESIGN.md section 6).
+"""`python -m rope_bwd_triton bench`: ours against the byte floor and the peers (docs/design.md, section 7).
 
 Measures, in one process: the device-to-device copy bandwidth; then for every
 workload the byte floor of each task and the cold-L2 GPU time per call (mean of
@@ -58,6 +58,7 @@ class Impl:
 
 # ------------------------------------------------------------------ inputs
 
+
 class Data:
     """One workload's inputs on the device, in fp32 and bf16 (tables stay fp32)."""
 
@@ -112,6 +113,7 @@ class Call:
 # ------------------------------------------------------------ implementations
 # make(kernel, x) -> Call, x = Data.inputs(mode, dtype) of the implementation's task.
 
+
 def _ours_bwd(kernel, x):
     import torch
 
@@ -135,6 +137,7 @@ def _peer(fn_name, compile_):
 
         fn = getattr(peers, fn_name)
         return Call(_compiled(fn) if compile_ else fn, *x)
+
     return make
 
 
@@ -162,6 +165,7 @@ def _copy(task):
     """A device-to-device copy of the task's floor bytes (half read, half written): the time
     of a call that only moves those bytes, its launch and DRAM ramp included, which the
     floor (bytes / bandwidth of a 1 GiB copy) leaves out."""
+
     def make(kernel, x):
         import torch
 
@@ -172,6 +176,7 @@ def _copy(task):
         src = torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device=x[0].device)
         dst = torch.empty_like(src)
         return Call(lambda: (dst.copy_(src), src))
+
     return make
 
 
@@ -180,8 +185,12 @@ def _check_copy(call):
 
     dst, src = call.last
     same = torch.equal(dst, src)
-    return {"max_rel_err": 0.0 if same else float("inf"), "sol_pass_fraction": 1.0 if same else 0.0,
-            "ok": same, "what": "destination equals source"}
+    return {
+        "max_rel_err": 0.0 if same else float("inf"),
+        "sol_pass_fraction": 1.0 if same else 0.0,
+        "ok": same,
+        "what": "destination equals source",
+    }
 
 
 IMPLS = [
@@ -189,8 +198,7 @@ IMPLS = [
     Impl("eager_bwd", "eager PyTorch reference", "bwd", "eager", _peer("eager_backward", False)),
     Impl("compiled_bwd", "torch.compile(reference)", "bwd", "compile", _peer("eager_backward", True)),
     Impl("ours_bwd_qk", "ours: ops.rotary_bwd (q/k only)", "bwd_qk", None, _ours_bwd_qk),
-    Impl("compiled_bwd_qk", "torch.compile(q/k-only reference)", "bwd_qk", "compile",
-         _peer("eager_backward_qk", True)),
+    Impl("compiled_bwd_qk", "torch.compile(q/k-only reference)", "bwd_qk", "compile", _peer("eager_backward_qk", True)),
     Impl("liger_bwd_qk", "Liger-Kernel rope_backward (in place)", "bwd_qk", "liger", _liger),
     Impl("ours_bwd_bf16", "ours: rope_bwd(out=), bf16", "bwd_bf16", None, _ours_bwd),
     Impl("ours_fwd", "ours: rope_fwd", "fwd", None, _ours_fwd),
@@ -211,14 +219,21 @@ def _skip_reason(impl, device):
 
 # ------------------------------------------------------------------ measuring
 
+
 def _verify(outputs, refs, dtype_name, rows):
     from . import suite
 
     errs = [suite.rel_err(o[rows.to(o.device)], r) for o, r in zip(outputs, refs)]
     passes = [suite.sol_pass_fraction(o[rows.to(o.device)], r) for o, r in zip(outputs, refs)]
     worst, tolerance = max(errs), suite.TOLERANCE[dtype_name]
-    return {"rel_err": errs, "max_rel_err": worst, "sol_pass_fraction": min(passes),
-            "tolerance": tolerance, "ok": worst <= tolerance, "rows": len(rows)}
+    return {
+        "rel_err": errs,
+        "max_rel_err": worst,
+        "sol_pass_fraction": min(passes),
+        "tolerance": tolerance,
+        "ok": worst <= tolerance,
+        "rows": len(rows),
+    }
 
 
 def _rows(S, n, seed):
@@ -273,8 +288,11 @@ def measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, b
             continue
         floor = floors[impl.task]
         results[impl.name] = {
-            "label": impl.label, "task": impl.task, "time": stats.as_dict(),
-            "x_floor": stats.mean_us / floor["us"], "GBps": bandwidth_GBps(floor["bytes"], stats.mean_us),
+            "label": impl.label,
+            "task": impl.task,
+            "time": stats.as_dict(),
+            "x_floor": stats.mean_us / floor["us"],
+            "GBps": bandwidth_GBps(floor["bytes"], stats.mean_us),
             "verify": check,
         }
         if not check["ok"]:
@@ -320,8 +338,17 @@ def measure(args, kernel=None, after_workload=None) -> dict:
     impls = [i for i in IMPLS if i.task in args.tasks and (i.peer is None or i.peer in args.peers)]
     if args.ab:  # the same calls of another build, in this process
         other = load_other(args.ab)
-        impls += [Impl("ab_" + i.name, f"A/B {other.__name__}: {i.label}", i.task, None,
-                       lambda _, x, make=i.make: make(other, x)) for i in impls if i.peer is None]
+        impls += [
+            Impl(
+                "ab_" + i.name,
+                f"A/B {other.__name__}: {i.label}",
+                i.task,
+                None,
+                lambda _, x, make=i.make: make(other, x),
+            )
+            for i in impls
+            if i.peer is None
+        ]
     workloads = _workloads(args)
     meta = run_meta(timer.device, kernel=kernel, timer=timer)
     measured = []
@@ -330,8 +357,12 @@ def measure(args, kernel=None, after_workload=None) -> dict:
             measured.append(measure_workload(kernel, impls, timer, copy["GBps"], set_name, S, H, D, args, bar))
             if after_workload:
                 after_workload(timer, measured[-1], bar)
-    run = {"meta": meta, "copy": copy, "impls": {i.name: {"label": i.label, "task": i.task} for i in impls},
-           "workloads": measured}
+    run = {
+        "meta": meta,
+        "copy": copy,
+        "impls": {i.name: {"label": i.label, "task": i.task} for i in impls},
+        "workloads": measured,
+    }
     if timer.cuda:
         run["flush_check"] = flush_check(timer)
     run["summary"] = summarize(run)
@@ -340,9 +371,10 @@ def measure(args, kernel=None, after_workload=None) -> dict:
 
 # ------------------------------------------------------------------ reporting
 
+
 def summarize(run) -> dict:
     """Mean over the 16 public workloads (or over a custom set) per implementation;
-    x floor = mean time / mean floor, as ANCHORS.md states it."""
+    x floor = mean time / mean floor, the suite figure of docs/design.md, section 7."""
     from . import suite
 
     suite_ws = [w for w in run["workloads"] if w["set"] == "suite"]
@@ -350,8 +382,10 @@ def summarize(run) -> dict:
     group = suite_ws if suite_ws else [w for w in run["workloads"] if w["set"] == "custom"]
     if not group:
         return {}
-    out = {"over": "the 16 public workloads" if complete else f"{len(group)} measured workloads (not the full suite)",
-           "impls": {}}
+    out = {
+        "over": "the 16 public workloads" if complete else f"{len(group)} measured workloads (not the full suite)",
+        "impls": {},
+    }
     for name, info in run["impls"].items():
         times = [w["results"][name]["time"]["mean_us"] for w in group if "time" in w["results"].get(name, {})]
         if len(times) != len(group):
@@ -383,8 +417,17 @@ def _suite_table(run) -> list:
         ours = summary["impls"].get("ours_" + task)
         vs = f"{s['mean_us'] / ours['mean_us']:.2f}" if ours and not name.startswith("ours") else ""
         other = f"{s['other_mean_us']:.1f}" if "other_mean_us" in s else "—"
-        rows.append([impls[name]["label"], TASKS[task][0], f"{s['mean_us']:.1f}", f"{s['floor_us']:.1f}",
-                     f"{s['x_floor']:.2f}", vs, other])
+        rows.append(
+            [
+                impls[name]["label"],
+                TASKS[task][0],
+                f"{s['mean_us']:.1f}",
+                f"{s['floor_us']:.1f}",
+                f"{s['x_floor']:.2f}",
+                vs,
+                other,
+            ]
+        )
     other_header = f"mean us by {run['meta'].get('timer_other') or 'the other timer'}"
     header = ["implementation", "task", "mean us", "floor us", "x floor", "time / ours", other_header]
     return lines + [output.markdown_table(header, rows), ""]
@@ -410,10 +453,12 @@ def _run_markdown(run) -> str:
     check = run.get("flush_check")
     if check:  # runs before this check existed have none
         lines[-1] += "  "
-        lines.append(f"Cold-L2 check: a copy of {check['bytes'] >> 20} MiB after the flush takes "
-                     f"{check['us']['fresh']:.2f} us on fresh buffers and {check['us']['after_evict_last_read']:.2f} us "
-                     f"when its source was read with evict_last priority before ({check['ratio']:.2f}x; "
-                     "a flush that left such lines in L2 would make the second faster).")
+        lines.append(
+            f"Cold-L2 check: a copy of {check['bytes'] >> 20} MiB after the flush takes "
+            f"{check['us']['fresh']:.2f} us on fresh buffers and {check['us']['after_evict_last_read']:.2f} us "
+            f"when its source was read with evict_last priority before ({check['ratio']:.2f}x; "
+            "a flush that left such lines in L2 would make the second faster)."
+        )
     lines.append("")
     lines += _suite_table(run)
 
@@ -446,19 +491,32 @@ def _run_markdown(run) -> str:
                 checks.append(r["verify"])
             if "skipped" in r or "error" in r:
                 notes.add(f"{info['label']}: {r.get('skipped') or r.get('error')}")
-    rows = [[label, f"{max(c['max_rel_err'] for c in checks):.2e}", f"{min(c['sol_pass_fraction'] for c in checks):.4f}",
-             "yes" if all(c["ok"] for c in checks) else "**NO**", len(checks)]
-            for label, checks in checks_by_label.items() if checks]
-    lines += ["### Verification against the float64 reference (before timing; the copy against its source)", "",
-              output.markdown_table(["implementation", "worst rel err", "min SOL pass fraction",
-                                     "all within tolerance", "checks"], rows), ""]
+    rows = [
+        [
+            label,
+            f"{max(c['max_rel_err'] for c in checks):.2e}",
+            f"{min(c['sol_pass_fraction'] for c in checks):.4f}",
+            "yes" if all(c["ok"] for c in checks) else "**NO**",
+            len(checks),
+        ]
+        for label, checks in checks_by_label.items()
+        if checks
+    ]
+    lines += [
+        "### Verification against the float64 reference (before timing; the copy against its source)",
+        "",
+        output.markdown_table(
+            ["implementation", "worst rel err", "min SOL pass fraction", "all within tolerance", "checks"], rows
+        ),
+        "",
+    ]
     if notes:
         lines += ["Not measured:", ""] + [f"- {n}" for n in sorted(notes)] + [""]
     return "\n".join(lines)
 
 
 METHOD = """\
-Method (DESIGN.md section 6): GPU time of one call on a cold L2 (a buffer of 2x the
+Method (docs/design.md, section 7): GPU time of one call on a cold L2 (a buffer of 2x the
 L2 size is zeroed before each call, with evict_last stores and then again with default
 ones, so that lines read with evict_last priority go too; runs before 2026-11-30 09:23
 UTC zeroed it once), the GPU kept busy by `torch.cuda._sleep` while
@@ -492,8 +550,7 @@ def render_markdown(runs, plot_path=None, md_path=None) -> str:
     for i, run in enumerate(runs):
         title = "Run" if len(runs) == 1 else f"Run {i + 1}"
         sets = " and ".join(dict.fromkeys(w["set"] for w in run["workloads"]))  # in run order
-        parts += [f"## {title}: {sets} workloads", "",
-                  _run_markdown(run)]
+        parts += [f"## {title}: {sets} workloads", "", _run_markdown(run)]
     return "\n".join(parts)
 
 
@@ -505,13 +562,15 @@ def render_plot(runs, path) -> bool:
     # The (H, D) with the most workloads: an S axis needs one head shape.
     shapes = [(w["H"], w["D"]) for run in runs for w in run["workloads"]]
     H, D = max(set(shapes), key=shapes.count)
-    ws = sorted(((w, run) for run in runs for w in run["workloads"] if (w["H"], w["D"]) == (H, D)),
-                key=lambda p: p[0]["S"])
+    ws = sorted(
+        ((w, run) for run in runs for w in run["workloads"] if (w["H"], w["D"]) == (H, D)), key=lambda p: p[0]["S"]
+    )
     impls = {n: i for run in runs for n, i in run["impls"].items()}
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(14, 5.5))
     for task, style in (("bwd", "k--"), ("bwd_qk", "k:")):
-        ax_t.plot([w["S"] for w, _ in ws], [w["floors"][task]["us"] for w, _ in ws], style,
-                  label=f"floor: {TASKS[task][0]}")
+        ax_t.plot(
+            [w["S"] for w, _ in ws], [w["floors"][task]["us"] for w, _ in ws], style, label=f"floor: {TASKS[task][0]}"
+        )
     for name, info in impls.items():
         pts = [(w["S"], w["results"][name]) for w, _ in ws if "time" in w["results"].get(name, {})]
         if not pts or (name.startswith("copy") and info["task"] not in ("bwd", "bwd_qk")):
@@ -524,10 +583,14 @@ def render_plot(runs, path) -> bool:
         ax_b.axhline(run["copy"]["GBps"], color="k", ls="--", lw=1)
     ax_b.plot([], [], "k--", lw=1, label="copy bandwidth (the floor)")
     gpu = runs[0]["meta"]["gpu"] or "CPU (timings meaningless)"
-    ax_t.set(xscale="log", yscale="log", xlabel="S (tokens)", ylabel="us per call (cold L2)",
-             title=f"time, H={H} D={D}, {gpu}")
-    ax_b.set(xscale="log", xlabel="S (tokens)", ylabel="GB/s (floor bytes / time)",
-             title="achieved bandwidth")
+    ax_t.set(
+        xscale="log",
+        yscale="log",
+        xlabel="S (tokens)",
+        ylabel="us per call (cold L2)",
+        title=f"time, H={H} D={D}, {gpu}",
+    )
+    ax_b.set(xscale="log", xlabel="S (tokens)", ylabel="GB/s (floor bytes / time)", title="achieved bandwidth")
     ax_t.grid(True, which="both", alpha=0.3)
     ax_b.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=7)
@@ -538,22 +601,40 @@ def render_plot(runs, path) -> bool:
 
 # ------------------------------------------------------------------ command
 
+
 def add_arguments(parser):
     out = REPO_ROOT / "results"
-    parser.add_argument("--set", choices=("suite", "scaling", "all"), default="all",
-                        help="suite: the 16 public workloads; scaling: S 16384/65536 and head_dim 72/80 (default: all)")
+    parser.add_argument(
+        "--set",
+        choices=("suite", "scaling", "all"),
+        default="all",
+        help="suite: the 16 public workloads; scaling: S 16384/65536 and head_dim 72/80 (default: all)",
+    )
     parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+", help="custom workloads instead of --set")
     parser.add_argument("--heads", type=cli.positive_int, help="heads of the custom workloads (default 16)")
     parser.add_argument("--head-dim", type=cli.head_dim, help="head_dim of the custom workloads (default 128)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"tiny CPU-friendly run that exercises the code path ({QUICK})")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"tiny CPU-friendly run that exercises the code path ({QUICK})"
+    )
     parser.add_argument("--calls", type=cli.positive_int, default=None, help="timed calls per workload (default 40)")
-    parser.add_argument("--timer", choices=("events", "span"), default="span",
-                        help="primary figure: kernel span (CUPTI) or CUDA events; both are recorded (default: span)")
-    parser.add_argument("--tasks", type=cli.subset_of(TASKS, "tasks"), default=list(TASKS),
-                        help=f"comma-separated subset of {','.join(TASKS)} (default: all)")
-    parser.add_argument("--peers", type=cli.subset_of(PEERS, "peers"), default=list(PEERS),
-                        help=f"comma-separated subset of {','.join(PEERS)} (default: all)")
+    parser.add_argument(
+        "--timer",
+        choices=("events", "span"),
+        default="span",
+        help="primary figure: kernel span (CUPTI) or CUDA events; both are recorded (default: span)",
+    )
+    parser.add_argument(
+        "--tasks",
+        type=cli.subset_of(TASKS, "tasks"),
+        default=list(TASKS),
+        help=f"comma-separated subset of {','.join(TASKS)} (default: all)",
+    )
+    parser.add_argument(
+        "--peers",
+        type=cli.subset_of(PEERS, "peers"),
+        default=list(PEERS),
+        help=f"comma-separated subset of {','.join(PEERS)} (default: all)",
+    )
     parser.add_argument("--copy-mib", type=cli.positive_int, default=None, help="copy-bandwidth buffer (default 1024)")
     parser.add_argument("--verify-tokens", type=cli.positive_int, default=4096, help="token rows verified per workload")
     parser.add_argument("--seed", type=int, default=0)
@@ -562,8 +643,12 @@ def add_arguments(parser):
     parser.add_argument("--json", type=Path, default=out / "bench.json")
     parser.add_argument("--markdown", type=Path, default=out / "bench.md")
     parser.add_argument("--plot", type=Path, default=out / "bench.png")
-    parser.add_argument("--from-json", type=cli.existing_file, nargs="+",
-                        help="measure nothing: render the markdown and plot from saved JSON runs")
+    parser.add_argument(
+        "--from-json",
+        type=cli.existing_file,
+        nargs="+",
+        help="measure nothing: render the markdown and plot from saved JSON runs",
+    )
 
 
 def preset(*argv) -> argparse.Namespace:
@@ -581,7 +666,7 @@ def main(args) -> int:
         args.calls = args.calls or (QUICK["calls"] if args.quick else 40)
         args.copy_mib = args.copy_mib or (QUICK["copy_mib"] if args.quick else 1024)
         if args.calls < 30 and not args.quick:
-            print(f"bench: {args.calls} calls per workload; DESIGN.md section 6 asks for >= 30", file=sys.stderr)
+            print(f"bench: {args.calls} calls per workload; docs/design.md (section 7) asks for >= 30", file=sys.stderr)
         runs = [measure(args)]
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(runs[0], indent=1) + "\n")
@@ -592,9 +677,13 @@ def main(args) -> int:
     args.markdown.write_text(text)
     print(text)
     print(f"wrote {args.markdown}" + (f" and {args.plot}" if plotted else ""))
-    failed = [f"{n} S={w['S']} H={w['H']} D={w['D']}" for run in runs for w in run["workloads"]
-              for n, r in w["results"].items()
-              if n.startswith("ours") and ("error" in r or not r.get("verify", {}).get("ok", True))]
+    failed = [
+        f"{n} S={w['S']} H={w['H']} D={w['D']}"
+        for run in runs
+        for w in run["workloads"]
+        for n, r in w["results"].items()
+        if n.startswith("ours") and ("error" in r or not r.get("verify", {}).get("ok", True))
+    ]
     if failed:
         print("ours failed on: " + "; ".join(failed), file=sys.stderr)
     return 1 if failed else 0

@@ -77,6 +77,7 @@ def read_config(root: Path = REPO_ROOT) -> dict:
 
 def git_state(root: Path = REPO_ROOT):
     """(commit, dirty) of the checkout, or None outside git."""
+
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
 

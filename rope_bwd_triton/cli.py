@@ -43,12 +43,14 @@ def positive_float(text: str) -> float:
 
 def subset_of(choices, what: str):
     """The argparse type of a comma-separated subset of `choices` (empty allowed), in the order given."""
+
     def parse(text: str) -> list:
         picked = [c for c in text.split(",") if c]
         unknown = sorted(set(picked) - set(choices))
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; choose from {','.join(choices)}")
         return picked
+
     return parse
 
 
@@ -70,7 +72,9 @@ def device(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA GPU (torch.cuda.is_available() is False)")
+            raise argparse.ArgumentTypeError(
+                f"{text}: this machine has no CUDA GPU (torch.cuda.is_available() is False)"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise argparse.ArgumentTypeError(f"{text}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
     elif dev.type != "cpu":
@@ -99,4 +103,3 @@ def repo_id(text: str) -> str:
     if text.count("/") != 1:
         raise argparse.ArgumentTypeError(f"expected <namespace>/<name>, got {text!r}")
     return text
-

@@ -93,16 +93,24 @@ def child(impl, sizes, heads, head_dim, profile_path=None) -> dict:
             call()
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t) * 1e3
-        calls.append({"S": S, "ms": ms, "new": S not in seen,
-                      "compiles": log[before:] if log is not None else None})
+        calls.append({"S": S, "ms": ms, "new": S not in seen, "compiles": log[before:] if log is not None else None})
         seen.add(S)
     return {"impl": impl, "load_s": load_s, "calls": calls}
 
 
 def run_child(impl, args, workdir: Path) -> dict:
     """The child of `impl` in a fresh process (fresh.py)."""
-    argv = ["coldstart", "--child", impl, "--sizes", *map(str, args.sizes), "--heads", str(args.heads),
-            "--head-dim", str(args.head_dim)]
+    argv = [
+        "coldstart",
+        "--child",
+        impl,
+        "--sizes",
+        *map(str, args.sizes),
+        "--heads",
+        str(args.heads),
+        "--head-dim",
+        str(args.head_dim),
+    ]
     if args.profile and impl == "ours":
         argv += ["--profile-to", str(args.json.with_suffix(".profile.txt"))]
     return {"impl": impl, **run_fresh(argv, workdir, impl)}
@@ -118,22 +126,50 @@ def markdown(runs, meta) -> str:
         new = [c["ms"] for c in rest if c["new"]]
         again = [c["ms"] for c in rest if not c["new"]]
         compiles = [len(c["compiles"]) for c in r["calls"]] if r["calls"][0]["compiles"] is not None else None
-        rows.append([r["impl"], f"{r['load_s'] * 1e3:.0f}", f"{first['ms']:.0f}",
-                     f"{statistics.median(new):.1f} ({min(new):.1f}-{max(new):.1f})", f"{again[-1]:.2f}",
-                     "—" if compiles is None else f"{compiles[0]} then {sum(compiles[1:])}", ""])
+        rows.append(
+            [
+                r["impl"],
+                f"{r['load_s'] * 1e3:.0f}",
+                f"{first['ms']:.0f}",
+                f"{statistics.median(new):.1f} ({min(new):.1f}-{max(new):.1f})",
+                f"{again[-1]:.2f}",
+                "—" if compiles is None else f"{compiles[0]} then {sum(compiles[1:])}",
+                "",
+            ]
+        )
     v = meta["versions"]
-    head = (f"First calls of the real call (bf16, {meta['heads']} heads x {meta['head_dim']}, sdpa's gradient "
-            f"layout), each implementation in a fresh process with empty Triton/inductor caches; {meta['gpu']}, "
-            f"torch {v['torch']}, triton {v['triton']}; {meta['date']}. New sizes after the first: "
-            f"{', '.join(map(str, meta['sizes'][1:]))}.")
-    return head + "\n\n" + output.markdown_table(
-        ["implementation", "load ms", "first fwd+bwd ms", "each new size ms: median (range)", "a seen size ms",
-         "rotary_kernel compilations: first call, then", "note"], rows) + "\n"
+    head = (
+        f"First calls of the real call (bf16, {meta['heads']} heads x {meta['head_dim']}, sdpa's gradient "
+        f"layout), each implementation in a fresh process with empty Triton/inductor caches; {meta['gpu']}, "
+        f"torch {v['torch']}, triton {v['triton']}; {meta['date']}. New sizes after the first: "
+        f"{', '.join(map(str, meta['sizes'][1:]))}."
+    )
+    return (
+        head
+        + "\n\n"
+        + output.markdown_table(
+            [
+                "implementation",
+                "load ms",
+                "first fwd+bwd ms",
+                "each new size ms: median (range)",
+                "a seen size ms",
+                "rotary_kernel compilations: first call, then",
+                "note",
+            ],
+            rows,
+        )
+        + "\n"
+    )
 
 
 def add_arguments(parser):
-    parser.add_argument("--impls", type=cli.subset_of(IMPLS, "implementations"), default=list(IMPLS),
-                        help=f"comma-separated subset of {','.join(IMPLS)}")
+    parser.add_argument(
+        "--impls",
+        type=cli.subset_of(IMPLS, "implementations"),
+        default=list(IMPLS),
+        help=f"comma-separated subset of {','.join(IMPLS)}",
+    )
     parser.add_argument("--sizes", type=cli.positive_int, nargs="+", default=list(SIZES))
     parser.add_argument("--heads", type=cli.positive_int, default=16)
     parser.add_argument("--head-dim", type=cli.head_dim, default=72)
@@ -147,8 +183,9 @@ def add_arguments(parser):
 
 def main(args) -> int:
     if args.child:
-        args.child_result.write_text(json.dumps(child(args.child, args.sizes, args.heads, args.head_dim,
-                                                      args.profile_to)))
+        args.child_result.write_text(
+            json.dumps(child(args.child, args.sizes, args.heads, args.head_dim, args.profile_to))
+        )
         return 0
     import torch
 

@@ -34,9 +34,11 @@ def best_copy(timer, nbytes):
     dst = torch.empty_like(src)
     best = None
     for block, warps in CONFIGS:
+
         def copy():
             # the timer's own copy kernel, loads at the default eviction priority
             rope_bench_copy[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, EVICTION="", num_warps=warps)
+
         dst.fill_(-1)
         copy()
         if not torch.equal(src, dst):
@@ -55,8 +57,10 @@ def triton_copies(timer, w, bar):
         raise AssertionError(f"S={w['S']}: {bad} failed verification or did not run")
     copies = {task: best_copy(timer, floor["bytes"]) for task, floor in w["floors"].items() if task not in SAME_BYTES}
     w["triton_copy"] = {task: copies[SAME_BYTES.get(task, task)] for task in w["floors"]}
-    bar.write(f"S={w['S']}: " + ", ".join(f"{t} {_us(w, 'ours_' + t):.2f} / {w['triton_copy'][t][0]:.2f} us"
-                                          for t in w["floors"]))
+    bar.write(
+        f"S={w['S']}: "
+        + ", ".join(f"{t} {_us(w, 'ours_' + t):.2f} / {w['triton_copy'][t][0]:.2f} us" for t in w["floors"])
+    )
 
 
 def _us(w, name):
@@ -68,17 +72,29 @@ def summary(run) -> list:
     ws = run["workloads"]
     out = []
     for task in ws[0]["floors"]:
+
         def mean(get):
             return statistics.fmean(get(w) for w in ws)
-        out.append((task, mean(lambda w: w["floors"][task]["us"]), mean(lambda w: _us(w, "ours_" + task)),
-                    mean(lambda w: w["triton_copy"][task][0]), mean(lambda w: _us(w, "copy_" + task))))
+
+        out.append(
+            (
+                task,
+                mean(lambda w: w["floors"][task]["us"]),
+                mean(lambda w: _us(w, "ours_" + task)),
+                mean(lambda w: w["triton_copy"][task][0]),
+                mean(lambda w: _us(w, "copy_" + task)),
+            )
+        )
     return out
 
 
 def add_arguments(parser):
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "results" / "copy-bound.json")
-    parser.add_argument("--quick", action="store_true",
-                        help="CPU code-path check in Triton's interpreter (TRITON_INTERPRET=1): one tiny workload")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="CPU code-path check in Triton's interpreter (TRITON_INTERPRET=1): one tiny workload",
+    )
 
 
 def main(args) -> int:
@@ -89,8 +105,17 @@ def main(args) -> int:
     if args.quick:
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise cli.UsageError("--quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1")
-        preset = ["--quick", "--device", "cpu", "--seq-lens", str(bench.QUICK["seq_lens"][0]), "--calls", "2",
-                  "--copy-mib", "1"]
+        preset = [
+            "--quick",
+            "--device",
+            "cpu",
+            "--seq-lens",
+            str(bench.QUICK["seq_lens"][0]),
+            "--calls",
+            "2",
+            "--copy-mib",
+            "1",
+        ]
     elif not torch.cuda.is_available():
         raise cli.UsageError("copybound times Triton kernels: it needs a CUDA GPU (or --quick with TRITON_INTERPRET=1)")
     else:
@@ -100,10 +125,14 @@ def main(args) -> int:
     run["configs"] = CONFIGS
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(run, indent=1) + "\n")
-    print(f"means over {len(run['workloads'])} workloads, us (x floor); {run['meta']['gpu'] or 'CPU'}, "
-          f"copy {run['copy']['GBps']:.0f} GB/s")
+    print(
+        f"means over {len(run['workloads'])} workloads, us (x floor); {run['meta']['gpu'] or 'CPU'}, "
+        f"copy {run['copy']['GBps']:.0f} GB/s"
+    )
     print("task       floor  ours            triton copy     device copy")
     for task, floor, ours, tcopy, dcopy in summary(run):
-        print(f"{task:9s} {floor:6.2f}  {ours:6.2f} ({ours / floor:.3f}x)  {tcopy:6.2f} ({tcopy / floor:.3f}x)"
-              f"  {dcopy:6.2f} ({dcopy / floor:.3f}x)")
+        print(
+            f"{task:9s} {floor:6.2f}  {ours:6.2f} ({ours / floor:.3f}x)  {tcopy:6.2f} ({tcopy / floor:.3f}x)"
+            f"  {dcopy:6.2f} ({dcopy / floor:.3f}x)"
+        )
     return 0

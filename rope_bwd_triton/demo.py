@@ -20,7 +20,9 @@ from . import REPO_ROOT, cli, output
 
 def add_arguments(parser):
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for demo.json and demo.png")
-    parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+", default=None, help="default: the 16 public workloads")
+    parser.add_argument(
+        "--seq-lens", type=cli.positive_int, nargs="+", default=None, help="default: the 16 public workloads"
+    )
     parser.add_argument("--calls", type=cli.positive_int, default=40, help="timed calls per workload")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -29,10 +31,24 @@ def bench_args(args, on_gpu):
     """The preset: bench's arguments for this demo."""
     from . import bench, suite
 
-    argv = ["--set", "suite", "--tasks", "bwd", "--peers", "", "--timer", "events", "--calls", str(args.calls),
-            "--seed", str(args.seed),
-            "--verify-tokens", str(max(args.seq_lens or suite.SEQ_LENS)),  # every token row
-            "--copy-mib", str(1024 if on_gpu else bench.QUICK["copy_mib"])]  # on the CPU no floor is shown
+    argv = [
+        "--set",
+        "suite",
+        "--tasks",
+        "bwd",
+        "--peers",
+        "",
+        "--timer",
+        "events",
+        "--calls",
+        str(args.calls),
+        "--seed",
+        str(args.seed),
+        "--verify-tokens",
+        str(max(args.seq_lens or suite.SEQ_LENS)),  # every token row
+        "--copy-mib",
+        str(1024 if on_gpu else bench.QUICK["copy_mib"]),
+    ]  # on the CPU no floor is shown
     return bench.preset(*argv, *(["--seq-lens", *map(str, args.seq_lens)] if args.seq_lens else []))
 
 
@@ -47,8 +63,13 @@ def rows(run) -> list:
         if "error" in r:
             raise RuntimeError(f"rope_bwd at S={w['S']}: {r['error']}")
         check = r["verify"]
-        row = {"S": w["S"], "rel_err": check["max_rel_err"], "sol_pass": check["sol_pass_fraction"],
-               "ok": check["ok"] and check["sol_pass_fraction"] >= suite.SOL_MIN_PASS, "time_us": r["time"]["mean_us"]}
+        row = {
+            "S": w["S"],
+            "rel_err": check["max_rel_err"],
+            "sol_pass": check["sol_pass_fraction"],
+            "ok": check["ok"] and check["sol_pass_fraction"] >= suite.SOL_MIN_PASS,
+            "time_us": r["time"]["mean_us"],
+        }
         if run["meta"]["gpu"]:
             row.update(floor_us=w["floors"]["bwd"]["us"], GBps=r["GBps"])
         out.append(row)
@@ -65,8 +86,11 @@ def _plot(rows, path, on_gpu) -> bool:
     ax.plot(S, [r["time_us"] for r in rows], "o-", label="rope_bwd (ours)")
     if on_gpu:
         ax.plot(S, [r["floor_us"] for r in rows], "k--", label="byte floor (bytes / copy bandwidth)")
-    ax.set(xlabel="S (tokens), H=16, D=128, fp32", ylabel="us per call" + (" (cold L2)" if on_gpu else " (CPU wall clock)"),
-           title="rope-bwd on the SOL-ExecBench 019 workloads")
+    ax.set(
+        xlabel="S (tokens), H=16, D=128, fp32",
+        ylabel="us per call" + (" (cold L2)" if on_gpu else " (CPU wall clock)"),
+        title="rope-bwd on the SOL-ExecBench 019 workloads",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     output.save_figure(fig, path)
@@ -89,12 +113,18 @@ def table(rows, gpu_name=None, bandwidth=None):
     summary = f"suite mean: {mean_t:.1f} us per call"
     if gpu_name:
         mean_f = sum(r["floor_us"] for r in rows) / len(rows)
-        summary += f" on {gpu_name}, floor {mean_f:.1f} us ({mean_t / mean_f:.2f}x; copy bandwidth {bandwidth:.0f} GB/s)"
+        summary += (
+            f" on {gpu_name}, floor {mean_f:.1f} us ({mean_t / mean_f:.2f}x; copy bandwidth {bandwidth:.0f} GB/s)"
+        )
     else:
         summary += " (CPU wall clock of the PyTorch path; GPU figures come from `bench` on a GPU)"
     ok = all(r["ok"] for r in rows)
-    return lines + [summary, f"verification: {'all workloads pass' if ok else 'FAILURES'} "
-                    f"(rel err <= {suite.TOLERANCE['float32']:g} vs float64, and the SOL-ExecBench rule on >= {suite.SOL_MIN_PASS:.0%} of elements)"]
+    return lines + [
+        summary,
+        f"verification: {'all workloads pass' if ok else 'FAILURES'} "
+        f"(rel err <= {suite.TOLERANCE['float32']:g} vs float64, and the SOL-ExecBench rule on "
+        f">= {suite.SOL_MIN_PASS:.0%} of elements)",
+    ]
 
 
 def main(args) -> int:

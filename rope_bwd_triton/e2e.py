@@ -43,8 +43,16 @@ FAMILIES = {
     "qwen3_vl": ("Qwen3VLVisionConfig", "Qwen3VLVisionModel"),
 }
 REAL_OMNI = dict(hidden_size=1152, num_heads=16, intermediate_size=4304, depth=8)
-QUICK_OMNI = dict(hidden_size=32, num_heads=2, intermediate_size=64, depth=2, patch_size=4,
-                  num_position_embeddings=16, deepstack_visual_indexes=[0], out_hidden_size=48)
+QUICK_OMNI = dict(
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    depth=2,
+    patch_size=4,
+    num_position_embeddings=16,
+    deepstack_visual_indexes=[0],
+    out_hidden_size=48,
+)
 
 
 def modeling_module(family: str):
@@ -72,7 +80,7 @@ def make_images(model, grids, *, seed=0):
     """Patch inputs for images of grid (t, h, w) patches each: (pixel_values, grid_thw)."""
     cfg = model.config
     tokens = sum(t * h * w for t, h, w in grids)
-    width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2
+    width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
     gen = torch.Generator().manual_seed(seed)
     pixels = torch.randn(tokens, width, generator=gen).to(device=model.device, dtype=model.dtype)
     return pixels, torch.tensor(grids, device=model.device)
@@ -90,7 +98,7 @@ def output_tensors(out):
     if isinstance(out, torch.Tensor):
         yield out
     elif isinstance(out, (tuple, list)) or hasattr(out, "to_tuple"):
-        for item in (out.to_tuple() if hasattr(out, "to_tuple") else out):
+        for item in out.to_tuple() if hasattr(out, "to_tuple") else out:
             yield from output_tensors(item)
 
 
@@ -183,8 +191,14 @@ def profile_summary(events, cuda):
         kernels, copies = [e for e in ops if not e.cpu_children], []
         rotary = [e for e in kernels if _mentions_rotary(e)]
         ms = lambda evs: sum(e.cpu_time_total for e in evs) / 1e3  # noqa: E731
-    return {"kernel_ms": ms(kernels), "launches": len(kernels), "rotary_ms": ms(rotary),
-            "rotary_launches": len(rotary), "memcpy_memset": len(copies), "copy_ms": ms(copies)}
+    return {
+        "kernel_ms": ms(kernels),
+        "launches": len(kernels),
+        "rotary_ms": ms(rotary),
+        "rotary_launches": len(rotary),
+        "memcpy_memset": len(copies),
+        "copy_ms": ms(copies),
+    }
 
 
 def profile_step(model, pixels, grid_thw, path_stem: Path):
@@ -213,8 +227,7 @@ def _compiled_frames() -> int:
     return counters["frames"]["total"]
 
 
-def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_round, profile_dir=None,
-        compile=False):
+def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_round, profile_dir=None, compile=False):
     """({tokens: {variant: {"steps": [(step, enqueue, wall) ms, ...], "profile": summary}}},
     {tokens: {"warm-up": frames, "timed": frames}} compiled by dynamo when compile else {})
     ("profile" only with profile_dir); transformers' rotary is restored afterwards.
@@ -229,7 +242,8 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
     eager = make_vision_model(family, dtype=dtype, device=device, **model_config)
     mode = kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE if compile else kernels.Mode.TRAINING
     kernelized = rope.integrations.kernelize_vision_rotary(
-        copy.deepcopy(eager), mode=mode, device=device.type, repo_id=repo_id)
+        copy.deepcopy(eager), mode=mode, device=device.type, repo_id=repo_id
+    )
     layer = modeling.apply_rotary_pos_emb_vision
     try:
         if layer.forward.__func__ is not rope.layers.ApplyRotaryPosEmbVision.forward:
@@ -255,15 +269,24 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
             inputs = make_images(eager, [square_grid(n, eager.config.spatial_merge_size)])
             start = _compiled_frames()
             warm = []
-            steps = time_variants(models, install, inputs, warmup=warmup, rounds=rounds, per_round=per_round,
-                                  after_warmup=lambda: warm.append(_compiled_frames()))
+            steps = time_variants(
+                models,
+                install,
+                inputs,
+                warmup=warmup,
+                rounds=rounds,
+                per_round=per_round,
+                after_warmup=lambda: warm.append(_compiled_frames()),
+            )
             if compile:
                 frames[n] = {"warm-up": warm[0] - start, "timed": _compiled_frames() - warm[0]}
             results[n] = {name: {"steps": s} for name, s in steps.items()}
             if profile_dir is not None:
                 for name in models:
                     install(name)
-                    results[n][name]["profile"] = profile_step(models[name], *inputs, profile_dir / f"profile-{n}-{name}")
+                    results[n][name]["profile"] = profile_step(
+                        models[name], *inputs, profile_dir / f"profile-{n}-{name}"
+                    )
         return results, frames
     finally:
         rope.integrations.restore_transformers()
@@ -275,12 +298,13 @@ def summarize(results, rounds):
     out = {"results_ms": {}, "host_ms": {}, "round_medians_ms": {}}
     for n, row in results.items():
         out["results_ms"][n] = {v: med(s[0] for s in r["steps"]) for v, r in row.items()}
-        out["host_ms"][n] = {v: {"enqueue": med(s[1] for s in r["steps"]), "wall": med(s[2] for s in r["steps"])}
-                             for v, r in row.items()}
+        out["host_ms"][n] = {
+            v: {"enqueue": med(s[1] for s in r["steps"]), "wall": med(s[2] for s in r["steps"])} for v, r in row.items()
+        }
         out["round_medians_ms"][n] = {}
         for v, r in row.items():
             k = len(r["steps"]) // rounds
-            out["round_medians_ms"][n][v] = [med(s[0] for s in r["steps"][i * k:(i + 1) * k]) for i in range(rounds)]
+            out["round_medians_ms"][n][v] = [med(s[0] for s in r["steps"][i * k : (i + 1) * k]) for i in range(rounds)]
         if any("profile" in r for r in row.values()):
             out.setdefault("profile", {})[n] = {v: r["profile"] for v, r in row.items()}
     return out
@@ -306,40 +330,78 @@ def markdown(report, meta) -> str:
     where = meta.get("gpu", meta["device"]) or "CPU"
     versions = recorded_versions(meta)
     timer = "CUDA events" if where != "CPU" else "wall clock"
-    compiled = (", every variant torch.compile'd (kernelize with Mode.TRAINING | Mode.TORCH_COMPILE, "
-                "then nn.Module.compile; the warm-up steps compile)") if meta.get("compile") else ""
+    compiled = (
+        (
+            ", every variant torch.compile'd (kernelize with Mode.TRAINING | Mode.TORCH_COMPILE, "
+            "then nn.Module.compile; the warm-up steps compile)"
+        )
+        if meta.get("compile")
+        else ""
+    )
     rows = []
     for n, r in report["results_ms"].items():
         paired, within, rounds = paired_vs_bound(report, n)
-        rows.append([n, f"{r['eager']:.2f} ms", f"{r['kernelized']:.2f} ms", f"{r['identity']:.2f} ms",
-                     f"{100 * (r['kernelized'] / r['identity'] - 1):+.1f}%",
-                     f"{100 * paired:+.1f}% ({within} of {rounds})", f"{r['eager'] / r['kernelized']:.3f}x"])
+        rows.append(
+            [
+                n,
+                f"{r['eager']:.2f} ms",
+                f"{r['kernelized']:.2f} ms",
+                f"{r['identity']:.2f} ms",
+                f"{100 * (r['kernelized'] / r['identity'] - 1):+.1f}%",
+                f"{100 * paired:+.1f}% ({within} of {rounds})",
+                f"{r['eager'] / r['kernelized']:.3f}x",
+            ]
+        )
     lines = [
         f"Qwen3-Omni vision encoder training step (fwd+bwd){compiled}, {where}, {meta['dtype']}, "
         f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
         f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
         f"(torch {versions['torch']}, triton {versions['triton']}, transformers {versions['transformers']}).",
         "",
-        markdown_table(["tokens", "eager rotary", "kernelized (rope-bwd)", "identity rotary (bound)",
-                        "kernelized vs bound", f"same, paired by round: median (rounds within {100 * TARGET:.0f}%)",
-                        "speedup vs eager"], rows),
+        markdown_table(
+            [
+                "tokens",
+                "eager rotary",
+                "kernelized (rope-bwd)",
+                "identity rotary (bound)",
+                "kernelized vs bound",
+                f"same, paired by round: median (rounds within {100 * TARGET:.0f}%)",
+                "speedup vs eager",
+            ],
+            rows,
+        ),
     ]
     frames = report.get("compiled_frames", {})
     if frames:
-        lines += ["", "Frames compiled by dynamo, all variants: "
-                  + "; ".join(f"{n} tokens {f['warm-up']} in the warm-up, {f['timed']} while timed"
-                              for n, f in frames.items()) + "."]
+        lines += [
+            "",
+            "Frames compiled by dynamo, all variants: "
+            + "; ".join(
+                f"{n} tokens {f['warm-up']} in the warm-up, {f['timed']} while timed" for n, f in frames.items()
+            )
+            + ".",
+        ]
     profile = report.get("profile", {})
     rows = []
     for n, r in report["results_ms"].items():
         for v, ms in r.items():
             host, rm = report["host_ms"][n][v], report["round_medians_ms"][n][v]
-            row = [n, v, f"{ms:.2f} ms", f"{host['enqueue']:.2f} ms", f"{host['wall']:.2f} ms",
-                   f"{min(rm):.2f}-{max(rm):.2f} ms"]
+            row = [
+                n,
+                v,
+                f"{ms:.2f} ms",
+                f"{host['enqueue']:.2f} ms",
+                f"{host['wall']:.2f} ms",
+                f"{min(rm):.2f}-{max(rm):.2f} ms",
+            ]
             if n in profile:
                 p = profile[n][v]
-                row += [f"{p['kernel_ms']:.2f} ms", f"{ms - p['kernel_ms']:.2f} ms", p["launches"],
-                        f"{p['rotary_ms']:.3f} ms ({p['rotary_launches']})"]
+                row += [
+                    f"{p['kernel_ms']:.2f} ms",
+                    f"{ms - p['kernel_ms']:.2f} ms",
+                    p["launches"],
+                    f"{p['rotary_ms']:.3f} ms ({p['rotary_launches']})",
+                ]
             rows.append(row)
     kernel_columns = ["kernel time", "idle", "kernels", "rotary kernels (count)"] if profile else []
     lines += [
@@ -348,10 +410,17 @@ def markdown(report, meta) -> str:
         "(it includes the syncs inside the step: the sdpa vision attention calls .tolist() in every "
         "layer; close to the step time means host-bound), host wall = until the device is done; "
         "rounds = the lowest and highest per-round median."
-        + (" Kernels: one more step under torch.profiler"
-           + (" (on CPU: the leaf operators, rotary = inside a rotary operator)" if where == "CPU"
-              else " (memcpy/memset not counted), rotary = kernels whose name mentions rotary")
-           + "; idle = step - kernel time, the device waiting for the host." if profile else ""),
+        + (
+            " Kernels: one more step under torch.profiler"
+            + (
+                " (on CPU: the leaf operators, rotary = inside a rotary operator)"
+                if where == "CPU"
+                else " (memcpy/memset not counted), rotary = kernels whose name mentions rotary"
+            )
+            + "; idle = step - kernel time, the device waiting for the host."
+            if profile
+            else ""
+        ),
         "",
         markdown_table(["tokens", "variant", "step", "host enqueue", "host wall", "rounds", *kernel_columns], rows),
     ]
@@ -359,43 +428,75 @@ def markdown(report, meta) -> str:
 
 
 def add_arguments(parser):
-    parser.add_argument("--tokens", type=cli.positive_int, nargs="+", default=[4096, 9216],
-                        help="tokens per image (square)")
-    parser.add_argument("--repo-id", type=cli.repo_id, default=None,
-                        help="the kernel to load (default: build.toml's repo-id)")
-    parser.add_argument("--warmup", type=cli.nonnegative_int, default=5, help="warm-up steps per variant, before any timing")
-    parser.add_argument("--iters", type=cli.positive_int, default=20,
-                        help="timed steps per variant in all (a multiple of --rounds)")
-    parser.add_argument("--rounds", type=cli.positive_int, default=5,
-                        help="interleaved rounds: each times iters/rounds steps of every variant in turn")
-    parser.add_argument("--profile", action="store_true",
-                        help="after the timing, one more step per variant under torch.profiler: "
-                             "profile-<tokens>-<variant>.txt and .json.gz under --out, summary in e2e.json")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile every variant (kernelize with Mode.TORCH_COMPILE too); "
-                             "the warm-up steps compile, so give at least one")
+    parser.add_argument(
+        "--tokens", type=cli.positive_int, nargs="+", default=[4096, 9216], help="tokens per image (square)"
+    )
+    parser.add_argument(
+        "--repo-id", type=cli.repo_id, default=None, help="the kernel to load (default: build.toml's repo-id)"
+    )
+    parser.add_argument(
+        "--warmup", type=cli.nonnegative_int, default=5, help="warm-up steps per variant, before any timing"
+    )
+    parser.add_argument(
+        "--iters", type=cli.positive_int, default=20, help="timed steps per variant in all (a multiple of --rounds)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=cli.positive_int,
+        default=5,
+        help="interleaved rounds: each times iters/rounds steps of every variant in turn",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timing, one more step per variant under torch.profiler: "
+        "profile-<tokens>-<variant>.txt and .json.gz under --out, summary in e2e.json",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile every variant (kernelize with Mode.TORCH_COMPILE too); "
+        "the warm-up steps compile, so give at least one",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for e2e.json and e2e.md")
-    parser.add_argument("--from-json", type=cli.existing_file, metavar="E2E_JSON",
-                        help="print the tables of a saved e2e.json (no run)")
-    parser.add_argument("--varres", action="store_true",
-                        help="training on images of varying resolution: each variant in a fresh process, "
-                             "one step per image over --varres-sides, two passes (varres.py)")
-    parser.add_argument("--varres-sides", type=cli.positive_int, nargs="+", default=list(varres.SIDES),
-                        help="image sides in patches for --varres")
-    parser.add_argument("--variants", type=cli.subset_of(varres.VARIANTS, "variants"), default=list(varres.VARIANTS),
-                        help=f"variants for --varres, of {','.join(varres.VARIANTS)}")
+    parser.add_argument(
+        "--from-json", type=cli.existing_file, metavar="E2E_JSON", help="print the tables of a saved e2e.json (no run)"
+    )
+    parser.add_argument(
+        "--varres",
+        action="store_true",
+        help="training on images of varying resolution: each variant in a fresh process, "
+        "one step per image over --varres-sides, two passes (varres.py)",
+    )
+    parser.add_argument(
+        "--varres-sides",
+        type=cli.positive_int,
+        nargs="+",
+        default=list(varres.SIDES),
+        help="image sides in patches for --varres",
+    )
+    parser.add_argument(
+        "--variants",
+        type=cli.subset_of(varres.VARIANTS, "variants"),
+        default=list(varres.VARIANTS),
+        help=f"variants for --varres, of {','.join(varres.VARIANTS)}",
+    )
     parser.add_argument("--depth", type=cli.positive_int, default=4, help="encoder depth for --varres")
     parser.add_argument("--varres-child", help=argparse.SUPPRESS)  # the parent's call of each fresh process
     add_result_argument(parser)
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny encoder, 64 tokens, 1 warm-up, 2 rounds of 2 steps, on CPU without a GPU: "
-                             "exercises the code path only")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny encoder, 64 tokens, 1 warm-up, 2 rounds of 2 steps, on CPU without a GPU: "
+        "exercises the code path only",
+    )
 
 
 def main(args) -> int:
     if args.varres_child:
-        result = varres.child(args.varres_child, args.varres_sides, args.repo_id or _repo_id(),
-                              varres.model_config(args))
+        result = varres.child(
+            args.varres_child, args.varres_sides, args.repo_id or _repo_id(), varres.model_config(args)
+        )
         args.child_result.write_text(json.dumps(result))
         return 0
     if args.varres:
@@ -432,13 +533,29 @@ def main(args) -> int:
             raise cli.UsageError(f"--tokens: {e}") from None
     args.repo_id = args.repo_id or _repo_id()
     args.out.mkdir(parents=True, exist_ok=True)
-    results, frames = run(tokens=tokens, repo_id=args.repo_id, device=device, dtype=dtype, model_config=config,
-                          warmup=warmup, rounds=rounds, per_round=iters // rounds,
-                          profile_dir=args.out if args.profile else None, compile=args.compile)
-    meta = run_meta(device, dtype=str(dtype).removeprefix("torch."), warmup=warmup, iters=iters, rounds=rounds,
-                    steps_per_round=iters // rounds,
-                    model=", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
-                    repo_id=args.repo_id, compile=args.compile)
+    results, frames = run(
+        tokens=tokens,
+        repo_id=args.repo_id,
+        device=device,
+        dtype=dtype,
+        model_config=config,
+        warmup=warmup,
+        rounds=rounds,
+        per_round=iters // rounds,
+        profile_dir=args.out if args.profile else None,
+        compile=args.compile,
+    )
+    meta = run_meta(
+        device,
+        dtype=str(dtype).removeprefix("torch."),
+        warmup=warmup,
+        iters=iters,
+        rounds=rounds,
+        steps_per_round=iters // rounds,
+        model=", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
+        repo_id=args.repo_id,
+        compile=args.compile,
+    )
     report = summarize(results, rounds)
     if frames:
         report["compiled_frames"] = frames

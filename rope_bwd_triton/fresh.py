@@ -22,10 +22,18 @@ def run_fresh(argv, workdir: Path, name: str) -> dict:
     inductor caches are new folders under workdir: the JSON the child wrote to FILE, or
     {"error": the last line of its stderr}."""
     result = workdir / f"{name}.json"
-    env = dict(os.environ, TRITON_CACHE_DIR=str(workdir / f"triton-{name}"),
-               TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{name}"))
-    proc = subprocess.run([sys.executable, "-m", "rope_bwd_triton", *argv, RESULT, str(result)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        TRITON_CACHE_DIR=str(workdir / f"triton-{name}"),
+        TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{name}"),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "rope_bwd_triton", *argv, RESULT, str(result)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         return {"error": (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]}
     return json.loads(result.read_text())

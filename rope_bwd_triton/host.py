@@ -69,7 +69,9 @@ def new_size_us(fn, make, sizes):
 
 
 def add_arguments(parser):
-    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows (they compile first)")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="leave out the torch.compile rows (they compile first)"
+    )
 
 
 def main(args=None):
@@ -104,6 +106,7 @@ def main(args=None):
     def fwd_bwd(fn, g=grad):
         def step():
             torch.autograd.backward(fn(*leaves, cos, sin), (g, g))
+
         return step
 
     def fwd_bwd_dynamic(fn):
@@ -118,19 +121,24 @@ def main(args=None):
 
         def step():
             torch.autograd.backward(compiled(q_, k_, cos_, sin_), (grad_, grad_))
+
         return step
 
     rows = {
         "rotary_triton.launch, direct launcher (shape seen before)": launch,
         "rotary_triton.launch, through Triton's kernel[grid] (plan cache cleared)": launch_uncached,
         "ops._launch (config lookup, device check, launch)": lambda: ops._launch(
-            q, k, q_out, k_out, None, None, cos, sin, None, None, adjoint=False),
+            q, k, q_out, k_out, None, None, cos, sin, None, None, adjoint=False
+        ),
         "ops.rotary_fwd custom op, no grad": lambda: ops.rotary_fwd(q, k, cos, sin),
         "apply_rotary_pos_emb_vision (eager path), no grad": lambda: rope.apply_rotary_pos_emb_vision(q, k, cos, sin),
-        "transformers apply_rotary_pos_emb_vision, no grad": lambda: modeling.apply_rotary_pos_emb_vision(q, k, cos, sin),
+        "transformers apply_rotary_pos_emb_vision, no grad": lambda: modeling.apply_rotary_pos_emb_vision(
+            q, k, cos, sin
+        ),
         "ours forward + backward (eager path)": fwd_bwd(rope.apply_rotary_pos_emb_vision),
-        "ours forward + backward (eager path), sdpa's gradient layout": fwd_bwd(rope.apply_rotary_pos_emb_vision,
-                                                                               grad_sdpa),
+        "ours forward + backward (eager path), sdpa's gradient layout": fwd_bwd(
+            rope.apply_rotary_pos_emb_vision, grad_sdpa
+        ),
         "ours forward + backward (custom op autograd, as traced)": fwd_bwd(ops.rotary_fwd),
         "transformers forward + backward": fwd_bwd(modeling.apply_rotary_pos_emb_vision),
         "identity (q, k) forward + backward": fwd_bwd(lambda q, k, cos, sin: (q, k)),
@@ -139,16 +147,24 @@ def main(args=None):
         "one aten mul (for scale)": lambda: q * 2,
     }
     if not (args and args.no_compile):
-        rows.update({
-            "ours forward + backward, torch.compile'd": fwd_bwd(torch.compile(rope.apply_rotary_pos_emb_vision)),
-            "transformers forward + backward, torch.compile'd": fwd_bwd(
-                torch.compile(modeling.apply_rotary_pos_emb_vision)),
-            "ours forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(rope.apply_rotary_pos_emb_vision),
-            "transformers forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(
-                modeling.apply_rotary_pos_emb_vision),
-        })
-    print(f"host us per call: S={S}, {H} heads of {D}, bf16, q/k views of qkv; {torch.cuda.get_device_name()}, "
-          f"torch {torch.__version__}, triton {triton.__version__}")
+        rows.update(
+            {
+                "ours forward + backward, torch.compile'd": fwd_bwd(torch.compile(rope.apply_rotary_pos_emb_vision)),
+                "transformers forward + backward, torch.compile'd": fwd_bwd(
+                    torch.compile(modeling.apply_rotary_pos_emb_vision)
+                ),
+                "ours forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(
+                    rope.apply_rotary_pos_emb_vision
+                ),
+                "transformers forward + backward, torch.compile'd, S dynamic": fwd_bwd_dynamic(
+                    modeling.apply_rotary_pos_emb_vision
+                ),
+            }
+        )
+    print(
+        f"host us per call: S={S}, {H} heads of {D}, bf16, q/k views of qkv; {torch.cuda.get_device_name()}, "
+        f"torch {torch.__version__}, triton {triton.__version__}"
+    )
     print("  median    best")
     for name, (median, best) in per_call_us(rows).items():
         print(f"{median:8.1f} {best:7.1f}  {name}")
@@ -159,9 +175,13 @@ def main(args=None):
         g = torch.randn(2, H, n, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
         return x[:, 0].requires_grad_(), x[:, 1].requires_grad_(), e.cos(), e.sin(), g[0], g[1]
 
-    print("host us per forward + backward (sdpa's gradient layout), 400 sizes never seen (S = 300..699) "
-          "against one size 400 times:")
-    for name, fn in (("ours", rope.apply_rotary_pos_emb_vision), ("transformers", modeling.apply_rotary_pos_emb_vision)):
+    print(
+        "host us per forward + backward (sdpa's gradient layout), 400 sizes never seen (S = 300..699) "
+        "against one size 400 times:"
+    )
+    for name, fn in (
+        ("ours", rope.apply_rotary_pos_emb_vision),
+        ("transformers", modeling.apply_rotary_pos_emb_vision),
+    ):
         new, seen = new_size_us(fn, make, range(300, 700))
         print(f"{new:8.1f} {seen:7.1f}  {name}: new S, seen S")
-

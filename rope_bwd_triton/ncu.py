@@ -22,12 +22,20 @@ from . import cli
 
 # (bench task, S, H, D, head_dim whose shipped launch configuration to use; None: D's own)
 WORKLOADS = [
-    ("bwd", 128, 16, 128, None), ("bwd", 1024, 16, 128, None), ("bwd", 2213, 16, 128, None),
-    ("bwd", 4096, 16, 128, None), ("bwd", 16384, 16, 128, None), ("bwd", 16384, 16, 72, None),
-    ("bwd_qk", 128, 16, 128, None), ("bwd_qk", 4096, 16, 128, None),
+    ("bwd", 128, 16, 128, None),
+    ("bwd", 1024, 16, 128, None),
+    ("bwd", 2213, 16, 128, None),
+    ("bwd", 4096, 16, 128, None),
+    ("bwd", 16384, 16, 128, None),
+    ("bwd", 16384, 16, 72, None),
+    ("bwd_qk", 128, 16, 128, None),
+    ("bwd_qk", 4096, 16, 128, None),
     ("fwd", 4096, 16, 128, None),
-    ("bwd_bf16", 613, 16, 128, None), ("bwd_bf16", 4096, 16, 128, None), ("bwd_bf16", 16384, 16, 128, None),
-    ("bwd_bf16", 16384, 16, 72, None), ("bwd_bf16", 16384, 16, 80, None),
+    ("bwd_bf16", 613, 16, 128, None),
+    ("bwd_bf16", 4096, 16, 128, None),
+    ("bwd_bf16", 16384, 16, 128, None),
+    ("bwd_bf16", 16384, 16, 72, None),
+    ("bwd_bf16", 16384, 16, 80, None),
     # head_dim 128 launched as head_dim 72 is: what the head size changes at one configuration
     ("bwd_bf16", 16384, 16, 128, 72),
     ("fwd_bf16", 16384, 16, 72, None),
@@ -45,8 +53,7 @@ COLUMNS = {
     "issue active %": ("sm__inst_executed.avg.pct_of_peak_sustained_elapsed", 1, "{:.0f}"),
     "M instructions": ("smsp__inst_executed.sum", 1e-6, "{:.1f}"),
     "M load requests": ("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", 1e-6, "{:.2f}"),
-    "sectors per load request": ("l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_ld.ratio", 1,
-                                 "{:.1f}"),
+    "sectors per load request": ("l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_ld.ratio", 1, "{:.1f}"),
     # what the L1 sends on to the L2: more than the bytes when accesses share 32-byte sectors
     "M L2 sectors read": ("lts__t_sectors_srcunit_tex_op_read.sum", 1e-6, "{:.2f}"),
     "M L2 sectors written": ("lts__t_sectors_srcunit_tex_op_write.sum", 1e-6, "{:.2f}"),
@@ -115,16 +122,23 @@ def report(args):
     table = list(csv.reader(lines))
     header, kernels = table[0], table[2:]
     if len(kernels) != len(labels["kernels"]):
-        raise cli.UsageError(f"{args.csv}: {len(kernels)} profiled kernels for {len(labels['kernels'])} labels "
-                             f"in {args.labels}")
+        raise cli.UsageError(
+            f"{args.csv}: {len(kernels)} profiled kernels for {len(labels['kernels'])} labels in {args.labels}"
+        )
     col = {name: header.index(metric) for name, (metric, _, _) in COLUMNS.items()}
-    rows = [[workload, what, *(fmt.format(float(row[col[name]].replace(",", "")) * scale)
-                               for name, (_, scale, fmt) in COLUMNS.items())]
-            for (workload, what), row in zip(labels["kernels"], kernels)]
+    rows = [
+        [
+            workload,
+            what,
+            *(fmt.format(float(row[col[name]].replace(",", "")) * scale) for name, (_, scale, fmt) in COLUMNS.items()),
+        ]
+        for (workload, what), row in zip(labels["kernels"], kernels)
+    ]
     meta = labels["meta"]
-    text = (f"Device: {meta['gpu']}; torch {recorded_versions(meta)['torch']}; "
-            f"kernel variant `{meta['kernel_variant']}`\n\n"
-            + markdown_table(["workload", "kernel", *COLUMNS], rows) + "\n")
+    text = (
+        f"Device: {meta['gpu']}; torch {recorded_versions(meta)['torch']}; "
+        f"kernel variant `{meta['kernel_variant']}`\n\n" + markdown_table(["workload", "kernel", *COLUMNS], rows) + "\n"
+    )
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)

@@ -18,8 +18,9 @@ def pyplot(command: str, path):
     try:
         import matplotlib
     except ImportError:
-        print(f"{command}: matplotlib is not installed, so {path} is not drawn (pip install matplotlib)",
-              file=sys.stderr)
+        print(
+            f"{command}: matplotlib is not installed, so {path} is not drawn (pip install matplotlib)", file=sys.stderr
+        )
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

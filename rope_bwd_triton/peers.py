@@ -1,4 +1,4 @@
-"""The implementations ours is compared with (DESIGN.md section 6).
+"""The implementations ours is compared with (docs/design.md, section 7).
 
 The eager backward is written out as a user would write it in PyTorch, the way
 SOL-ExecBench's reference states the math (cos/sin of cat(emb, emb)[:, :D],
@@ -31,16 +31,17 @@ def eager_backward(grad_q_embed, grad_k_embed, q, k, embeddings):
 def eager_backward_qk(grad_q_embed, grad_k_embed, cos, sin):
     """(grad_q, grad_k) when cos/sin [S, D] need no gradient (the real models)."""
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (grad_q_embed * c + rotate_half_adjoint(grad_q_embed * s),
-            grad_k_embed * c + rotate_half_adjoint(grad_k_embed * s))
+    return (
+        grad_q_embed * c + rotate_half_adjoint(grad_q_embed * s),
+        grad_k_embed * c + rotate_half_adjoint(grad_k_embed * s),
+    )
 
 
 def raise_recompile_limit(limit=1024):
     """Dynamo falls back to eager for a function recompiled more than its limit (8) times."""
     import torch._dynamo
 
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
 
@@ -64,8 +65,9 @@ def liger_rope_backward():
         return None
 
     def backward_in_place(grad_q_embed, grad_k_embed, cos, sin):
-        dq, dk = rope_backward(grad_q_embed.unsqueeze(0).transpose(1, 2),
-                               grad_k_embed.unsqueeze(0).transpose(1, 2), cos, sin)
+        dq, dk = rope_backward(
+            grad_q_embed.unsqueeze(0).transpose(1, 2), grad_k_embed.unsqueeze(0).transpose(1, 2), cos, sin
+        )
         return dq.transpose(1, 2).squeeze(0), dk.transpose(1, 2).squeeze(0)
 
     return backward_in_place

@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 
 from . import REPO_ROOT, cli
-from .build import build_variants, read_config, repo_id as default_repo_id
+from .build import build_variants, read_config
+from .build import repo_id as default_repo_id
 
 REPO_TYPE = "kernel"  # kernels downloads with snapshot_download(repo_type="kernel")
 CARD_BRANCH = "main"
@@ -39,10 +40,12 @@ def operations(root: Path = REPO_ROOT, build: Path | None = None) -> dict[str, l
     build = build or root / "build"
     version_files = [(p, f"benchmarks/{p.name}") for p in (root / "benchmarks").glob("benchmark*.py")]
     for variant in build_variants(root, out=build):
-        version_files += [(p, f"build/{p.relative_to(build).as_posix()}") for p in variant.rglob("*")
-                          if p.is_file() and "__pycache__" not in p.parts]
-    return {CARD_BRANCH: [(root / "CARD.md", "README.md")],
-            branch(root): sorted(version_files, key=lambda f: f[1])}
+        version_files += [
+            (p, f"build/{p.relative_to(build).as_posix()}")
+            for p in variant.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        ]
+    return {CARD_BRANCH: [(root / "CARD.md", "README.md")], branch(root): sorted(version_files, key=lambda f: f[1])}
 
 
 def stale_patterns(files) -> list[str]:
@@ -100,7 +103,10 @@ def upload(ops, repo_id: str) -> list[str]:
     for ref, files in ops.items():
         with tempfile.TemporaryDirectory() as tmp:
             info = api.upload_folder(
-                repo_id=repo_id, repo_type=REPO_TYPE, revision=ref, folder_path=stage(files, Path(tmp)),
+                repo_id=repo_id,
+                repo_type=REPO_TYPE,
+                revision=ref,
+                folder_path=stage(files, Path(tmp)),
                 commit_message=f"Upload {'the card' if ref == CARD_BRANCH else ref + ' build'}",
                 delete_patterns=None if ref == CARD_BRANCH else stale_patterns(files),
             )
@@ -109,8 +115,12 @@ def upload(ops, repo_id: str) -> list[str]:
 
 
 def add_arguments(parser):
-    parser.add_argument("--repo-id", type=cli.repo_id, default=None,
-                        help="Hub repository, <namespace>/<name> (default: [general.hub] repo-id of build.toml)")
+    parser.add_argument(
+        "--repo-id",
+        type=cli.repo_id,
+        default=None,
+        help="Hub repository, <namespace>/<name> (default: [general.hub] repo-id of build.toml)",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print every operation of the upload; no network")
     mode.add_argument("--to-cache", type=Path, metavar="DIR", help="install into a Hub-cache layout instead")
@@ -130,8 +140,10 @@ def main(args) -> int:
     elif args.to_cache:
         for ref, snapshot in install_to_cache(args.to_cache, ops, repo_id).items():
             print(f"installed branch {ref} ({len(ops[ref])} files) into {snapshot}")
-        print(f"load offline with: HF_HUB_OFFLINE=1 KERNELS_CACHE={args.to_cache} and "
-              f"kernels.get_kernel({repo_id!r}, version={branch()[1:]}, trust_remote_code=True)")
+        print(
+            f"load offline with: HF_HUB_OFFLINE=1 KERNELS_CACHE={args.to_cache} and "
+            f"kernels.get_kernel({repo_id!r}, version={branch()[1:]}, trust_remote_code=True)"
+        )
     else:
         for url in upload(ops, repo_id):
             print(f"committed: {url}")

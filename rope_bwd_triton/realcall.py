@@ -73,8 +73,9 @@ class Copies:
     def __init__(self, nbytes, device):
         import torch
 
-        sources = [torch.randint(0, 256, (n // 2,), dtype=torch.uint8, device=device)
-                   for n in (nbytes["fwd"], nbytes["bwd"])]
+        sources = [
+            torch.randint(0, 256, (n // 2,), dtype=torch.uint8, device=device) for n in (nbytes["fwd"], nbytes["bwd"])
+        ]
         self.pairs = [(src, torch.empty_like(src)) for src in sources]
 
     def __call__(self):
@@ -144,8 +145,9 @@ def measure(args) -> dict:
     others = [load_other(path) for path in args.ab or ()]
     timer = ColdL2Timer(device, calls=args.calls, primary="span" if device.type == "cuda" else "events")
     impls = implementations(kernel, others, set(args.peers))
-    workloads = [(dt, D, lay, S) for dt in args.dtypes for D in args.head_dims for lay in args.layouts
-                 for S in args.seq_lens]
+    workloads = [
+        (dt, D, lay, S) for dt in args.dtypes for D in args.head_dims for lay in args.layouts for S in args.seq_lens
+    ]
     meta = run_meta(device, kernel=kernel, timer=timer, heads=args.heads, ab=[str(p) for p in args.ab or ()])
     rows_out = []
     n_runs = len(workloads) * (len(impls) + ("copy" in args.peers))
@@ -156,8 +158,15 @@ def measure(args) -> dict:
             x = make_inputs(S, args.heads, D, dtype, layout, device, gen)
             rows = _rows(S, args.verify_tokens, args.seed + S)
             nbytes = floor_bytes(S, args.heads, D, dtype.itemsize)
-            entry = {"dtype": dtype_name, "D": D, "layout": layout, "S": S, "H": args.heads,
-                     "bytes": sum(nbytes.values()), "results": {}}
+            entry = {
+                "dtype": dtype_name,
+                "D": D,
+                "layout": layout,
+                "S": S,
+                "H": args.heads,
+                "bytes": sum(nbytes.values()),
+                "results": {},
+            }
             calls = {name: FwdBwd(fn, x) for name, (_, fn) in impls.items()}
             if "copy" in args.peers:
                 calls["copy"] = Copies(nbytes, device)
@@ -202,20 +211,29 @@ def markdown(run) -> str:
             t = _us(w, n)
             row += [f"{t:.1f}" if t else "—", f"{ours / t:.3f}" if t and ours else "—"]
         rows.append(row)
-    fails = [f"{n} {w['dtype']} D={w['D']} {w['layout']} S={w['S']}" for w in run["workloads"]
-             for n, r in w["results"].items() if "error" in r or not r.get("verify", {}).get("ok", True)]
+    fails = [
+        f"{n} {w['dtype']} D={w['D']} {w['layout']} S={w['S']}"
+        for w in run["workloads"]
+        for n, r in w["results"].items()
+        if "error" in r or not r.get("verify", {}).get("ok", True)
+    ]
     gpu = meta.get("gpu") or f"{meta['device']} ({meta.get('note', '')})"
     lines = [
         f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
         f"{meta['heads']} heads; {gpu}; {meta['timer']}; mean of {meta['calls']} calls; "
         f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}; {meta['date']}.  ",
-        f"Command: `{meta['command']}`", "", output.markdown_table(header, rows), "",
+        f"Command: `{meta['command']}`",
+        "",
+        output.markdown_table(header, rows),
+        "",
         "Verification (float64, before timing): " + ("all passed." if not fails else "FAILED: " + "; ".join(fails)),
     ]
     ratios = [_us(w, "ours") / _us(w, "copy") for w in run["workloads"] if _us(w, "ours") and _us(w, "copy")]
     if ratios:
-        lines.append(f"Ours / copy: geometric mean {statistics.geometric_mean(ratios):.3f}, "
-                     f"range {min(ratios):.3f}-{max(ratios):.3f}.")
+        lines.append(
+            f"Ours / copy: geometric mean {statistics.geometric_mean(ratios):.3f}, "
+            f"range {min(ratios):.3f}-{max(ratios):.3f}."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -223,14 +241,20 @@ def render_plot(run, path, plt):
     groups = sorted({(w["dtype"], w["D"], w["layout"]) for w in run["workloads"]})
     fig, ax = plt.subplots(figsize=(8, 5))
     for dtype, D, layout in groups:
-        ws = sorted((w for w in run["workloads"] if (w["dtype"], w["D"], w["layout"]) == (dtype, D, layout)),
-                    key=lambda w: w["S"])
+        ws = sorted(
+            (w for w in run["workloads"] if (w["dtype"], w["D"], w["layout"]) == (dtype, D, layout)),
+            key=lambda w: w["S"],
+        )
         pts = [(w["S"], _us(w, "ours") / _us(w, "copy")) for w in ws if _us(w, "ours") and _us(w, "copy")]
         if pts:
             ax.plot(*zip(*pts), "-o", ms=3, label=f"{dtype} D={D} {layout}")
     ax.axhline(1.0, color="k", ls="--", lw=1, label="copy of the same bytes")
-    ax.set(xscale="log", xlabel="S (tokens)", ylabel="ours / copy (time)",
-           title=f"real call, forward + backward, {run['meta'].get('gpu') or 'CPU (meaningless)'}")
+    ax.set(
+        xscale="log",
+        xlabel="S (tokens)",
+        ylabel="ours / copy (time)",
+        title=f"real call, forward + backward, {run['meta'].get('gpu') or 'CPU (meaningless)'}",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     output.save_figure(fig, path)
@@ -242,12 +266,22 @@ def add_arguments(parser):
     parser.add_argument("--head-dims", type=cli.head_dim, nargs="+", default=list(HEAD_DIMS))
     parser.add_argument("--heads", type=cli.positive_int, default=16)
     parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), default=["bfloat16"])
-    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
-                        help="upstream gradient: sdpa's [1, H, S, D] transposed, or flash-attention's [S, H, D]")
-    parser.add_argument("--peers", type=cli.subset_of(PEERS, "peers"), default=list(PEERS),
-                        help=f"comma-separated subset of {','.join(PEERS)}")
-    parser.add_argument("--ab", type=Path, nargs="+",
-                        help="also time other builds of ours: checkouts with build/ (A/B in one process)")
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        choices=LAYOUTS,
+        default=list(LAYOUTS),
+        help="upstream gradient: sdpa's [1, H, S, D] transposed, or flash-attention's [S, H, D]",
+    )
+    parser.add_argument(
+        "--peers",
+        type=cli.subset_of(PEERS, "peers"),
+        default=list(PEERS),
+        help=f"comma-separated subset of {','.join(PEERS)}",
+    )
+    parser.add_argument(
+        "--ab", type=Path, nargs="+", help="also time other builds of ours: checkouts with build/ (A/B in one process)"
+    )
     parser.add_argument("--calls", type=cli.positive_int, default=40)
     parser.add_argument("--verify-tokens", type=cli.positive_int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
@@ -260,8 +294,12 @@ def add_arguments(parser):
 
 def main(args) -> int:
     if args.quick:
-        args.seq_lens, args.head_dims, args.heads, args.calls = (list(QUICK["seq_lens"]), list(QUICK["head_dims"]),
-                                                                 QUICK["heads"], QUICK["calls"])
+        args.seq_lens, args.head_dims, args.heads, args.calls = (
+            list(QUICK["seq_lens"]),
+            list(QUICK["head_dims"]),
+            QUICK["heads"],
+            QUICK["calls"],
+        )
     missing = [str(p) for p in args.ab or () if not (p / "build").is_dir()]
     if missing:
         raise cli.UsageError(f"--ab: no build/ in {', '.join(missing)} (run `python -m rope_bwd_triton build` there)")
@@ -276,6 +314,10 @@ def main(args) -> int:
         render_plot(run, args.plot, plt)
     print(text)
     print(f"wrote {args.json}, {args.markdown} and {args.plot}")
-    failed = [r for w in run["workloads"] for n, r in w["results"].items()
-              if (n == "ours" or n.startswith("ab")) and ("error" in r or not r["verify"]["ok"])]
+    failed = [
+        r
+        for w in run["workloads"]
+        for n, r in w["results"].items()
+        if (n == "ours" or n.startswith("ab")) and ("error" in r or not r["verify"]["ok"])
+    ]
     return 1 if failed else 0

@@ -7,7 +7,7 @@ import importlib.metadata
 import platform
 import shlex
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 CPU_NOTE = "CPU run: code-path check only, the timings mean nothing"
 
@@ -16,8 +16,12 @@ def versions() -> dict:
     import torch
     import triton
 
-    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-             "triton": triton.__version__}
+    found = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+    }
     for dist in ("kernels", "liger-kernel", "transformers"):
         try:
             found[dist] = importlib.metadata.version(dist)
@@ -33,9 +37,12 @@ def run_meta(device, *, kernel=None, timer=None, **fields) -> dict:
     import torch
 
     device = torch.device(device)
-    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
-            "device": str(device), "versions": versions()}
+    meta = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
+        "device": str(device),
+        "versions": versions(),
+    }
     if kernel is not None:
         meta["kernel_variant"] = kernel.__name__
     if timer is not None:

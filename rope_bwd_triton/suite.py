@@ -11,13 +11,23 @@ CI); the tolerances, the benchmark's pass rule and the byte floors are the toolk
 # the package, in float64, for the package tests. benchmarks/benchmark.py runs alone from a Hub
 # snapshot and has its own too.
 from tests.reference import (  # noqa: F401  (re-exported)
-    HEAD_DIM, HEADS, SEQ_LENS, SOL_ATOL, SOL_RTOL, make_inputs, reference_backward, reference_forward,
-    reference_vision_forward, rel_err, rotate_half, sol_pass_fraction,
+    HEAD_DIM,
+    HEADS,
+    SEQ_LENS,
+    SOL_ATOL,
+    SOL_RTOL,
+    make_inputs,
+    reference_backward,
+    reference_forward,
+    reference_vision_forward,
+    rel_err,
+    rotate_half,
+    sol_pass_fraction,
 )
 
 SOL_MIN_PASS = 0.99  # at least 99% of the elements inside SOL_ATOL + SOL_RTOL*|ref|
 # Relative error (||out - ref|| / ||ref|| against float64) a correct result stays under, by the
-# dtype of its outputs (DESIGN.md section 1); float16 has three more mantissa bits than bfloat16.
+# dtype of its outputs (docs/design.md, section 1); float16 has three more mantissa bits than bfloat16.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 4e-3}
 
 

@@ -1,4 +1,4 @@
-"""GPU time of one call on a cold L2 (DESIGN.md section 6), by two methods at once.
+"""GPU time of one call on a cold L2 (docs/design.md, section 7), by two methods at once.
 
 Per timed call: zero a buffer of 2x the L2 size (evicts everything the previous
 call left in L2, lines of evict_last priority included: see the flush kernel),
@@ -63,9 +63,13 @@ class Stats:
     @classmethod
     def of(cls, times_us, other=None):
         return cls(
-            mean_us=statistics.fmean(times_us), median_us=statistics.median(times_us),
-            min_us=min(times_us), max_us=max(times_us),
-            std_us=statistics.pstdev(times_us), n=len(times_us), other=other,
+            mean_us=statistics.fmean(times_us),
+            median_us=statistics.median(times_us),
+            min_us=min(times_us),
+            max_us=max(times_us),
+            std_us=statistics.pstdev(times_us),
+            n=len(times_us),
+            other=other,
         )
 
     def as_dict(self):
@@ -74,6 +78,7 @@ class Stats:
 
 class Activity(NamedTuple):
     """One GPU activity from the profiler: name, start and end (us), stream."""
+
     name: str
     start: float
     end: float
@@ -135,16 +140,20 @@ def split_spans(activities, flushes: int) -> list:
         raise RuntimeError("kernel span: the profiler recorded no GPU activity (CUPTI unavailable or disabled?)")
     cuts = [i for i, a in enumerate(acts) if FLUSH_KERNEL in a.name]
     if len(cuts) != flushes:
-        raise RuntimeError(f"kernel span: the profiler recorded {len(cuts)} '{FLUSH_KERNEL}' kernels, "
-                           f"{flushes} were launched: the device timeline cannot be split into calls")
+        raise RuntimeError(
+            f"kernel span: the profiler recorded {len(cuts)} '{FLUSH_KERNEL}' kernels, "
+            f"{flushes} were launched: the device timeline cannot be split into calls"
+        )
     stream = acts[cuts[0]].stream
     spans = []
     for first, nxt in zip(cuts, cuts[1:] + [len(acts)]):
-        seg = acts[first + 1: nxt]
+        seg = acts[first + 1 : nxt]
         alien = [a.name for a in seg if a.stream != stream]
         if alien:
-            raise RuntimeError(f"kernel span: GPU work on another stream than the timed one ({alien[0]!r}): "
-                               "it cannot be attributed to a call")
+            raise RuntimeError(
+                f"kernel span: GPU work on another stream than the timed one ({alien[0]!r}): "
+                "it cannot be attributed to a call"
+            )
         spans.append(max(a.end for a in seg) - seg[0].start if seg else None)
     return spans
 
@@ -159,8 +168,11 @@ def _gpu_activities(prof) -> list:
     CUDA sync events and profiler ranges, which need options this timer never sets.
     """
     cuda = torch.autograd.DeviceType.CUDA
-    return [Activity(e.name, e.time_range.start, e.time_range.end, e.device_resource_id)
-            for e in prof.events() if e.device_type == cuda and not e.is_user_annotation]
+    return [
+        Activity(e.name, e.time_range.start, e.time_range.end, e.device_resource_id)
+        for e in prof.events()
+        if e.device_type == cuda and not e.is_user_annotation
+    ]
 
 
 class ColdL2Timer:
@@ -198,9 +210,11 @@ class ColdL2Timer:
         span = "kernel span (CUPTI through torch.profiler: first GPU activity of a call to the end of its last)"
         events = "CUDA events around the call"
         first, second = (span, events) if self.primary == "span" else (events, span)
-        return (f"{first}, cold L2 ({2 * self.l2_bytes >> 20} MiB zeroed before each call), "
-                f"GPU kept busy with torch.cuda._sleep while the host enqueues"
-                + (f"; also recorded: {second}" if self.other else ""))
+        return (
+            f"{first}, cold L2 ({2 * self.l2_bytes >> 20} MiB zeroed before each call), "
+            f"GPU kept busy with torch.cuda._sleep while the host enqueues"
+            + (f"; also recorded: {second}" if self.other else "")
+        )
 
     def _zero(self):
         n = self.flush.numel()
@@ -234,8 +248,11 @@ class ColdL2Timer:
         torch.cuda.synchronize(self.device)
         self._flushes = []
         # The host cost is measured under the profiler too: CUPTI makes each launch dearer.
-        recording = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if self.profile
-                     else contextlib.nullcontext())
+        recording = (
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            if self.profile
+            else contextlib.nullcontext()
+        )
         with recording as prof:
             host_us = self._host_cost_us(fn)
             events = []
@@ -316,7 +333,6 @@ def copy_bandwidth(timer: ColdL2Timer, nbytes: int = 1 << 30) -> dict:
     src = torch.empty(nbytes, dtype=torch.uint8, device=timer.device)
     dst = torch.empty_like(src)
     stats = timer(lambda: dst.copy_(src))
-    del src, dst
     return {"bytes": nbytes, "GBps": bandwidth_GBps(2 * nbytes, stats.mean_us), "time": stats.as_dict()}
 
 
@@ -325,9 +341,11 @@ def flush_check(timer: ColdL2Timer, nbytes: int = 8 << 20) -> dict:
     buffers, then on fresh buffers whose source was first read with evict_last. A flush that
     leaves those lines in L2 makes the second faster (as one pass of default-priority stores
     did: RESULTS.md); ratio = second / first."""
+
     def copy(src, dst, eviction):
-        rope_bench_copy[(triton.cdiv(src.numel(), FLUSH_BLOCK),)](src, dst, src.numel(), BLOCK=FLUSH_BLOCK,
-                                                                  EVICTION=eviction)
+        rope_bench_copy[(triton.cdiv(src.numel(), FLUSH_BLOCK),)](
+            src, dst, src.numel(), BLOCK=FLUSH_BLOCK, EVICTION=eviction
+        )
 
     times = {}
     for case in ("fresh", "after_evict_last_read"):
@@ -336,5 +354,4 @@ def flush_check(timer: ColdL2Timer, nbytes: int = 8 << 20) -> dict:
         if case != "fresh":
             copy(src, dst, "evict_last")
         times[case] = timer(lambda: copy(src, dst, "")).mean_us
-        del src, dst
     return {"bytes": nbytes, "us": times, "ratio": times["after_evict_last_read"] / times["fresh"]}

@@ -72,8 +72,14 @@ def candidate_ok(cfg):
 
 def grid(D, R):
     """Every candidate of the search space that candidate_ok accepts."""
-    return [cfg for bd in block_d_values(D) for br in block_r_values(R) for bs in BLOCK_S for w in NUM_WARPS
-            if candidate_ok(cfg := {"BLOCK_S": bs, "BLOCK_D": bd, "BLOCK_R": br, "num_warps": w})]
+    return [
+        cfg
+        for bd in block_d_values(D)
+        for br in block_r_values(R)
+        for bs in BLOCK_S
+        for w in NUM_WARPS
+        if candidate_ok(cfg := {"BLOCK_S": bs, "BLOCK_D": bd, "BLOCK_R": br, "num_warps": w})
+    ]
 
 
 def _key(cfg):
@@ -133,8 +139,9 @@ class Bucket:
         for o in out:  # a candidate that skips elements must not pass on an earlier one's results
             o.fill_(float("nan"))
         self._run(x, out, cfg)
-        return all(suite.rel_err(o[self.rows.to(o.device)], r) <= suite.TOLERANCE[self.dtype]
-                   for o, r in zip(out, self.refs))
+        return all(
+            suite.rel_err(o[self.rows.to(o.device)], r) <= suite.TOLERANCE[self.dtype] for o, r in zip(out, self.refs)
+        )
 
     def times(self, cfg) -> list:
         return [self.timer(lambda: self._run(x, out, cfg)).mean_us for x, out in self.cases]
@@ -166,8 +173,12 @@ def tune_bucket(bucket, current, D, R, log, *, grid_search=False):
         return best, scores[_key(best)], base_times
     for _ in range(2):
         before = dict(best)
-        for param, values in (("BLOCK_D", block_d_values(D)), ("BLOCK_R", block_r_values(R)), ("BLOCK_S", BLOCK_S),
-                              ("num_warps", NUM_WARPS)):
+        for param, values in (
+            ("BLOCK_D", block_d_values(D)),
+            ("BLOCK_R", block_r_values(R)),
+            ("BLOCK_S", BLOCK_S),
+            ("num_warps", NUM_WARPS),
+        ):
             # the current value stays a candidate even when the grid lacks it (a default's BLOCK_S=16)
             best = min(({**best, param: v} for v in sorted({*values, best[param]})), key=score)
         if best == before:
@@ -186,6 +197,7 @@ def _inputs(H, device, seed):
             if (S, D) not in cache:
                 cache[S, D] = Data(S, H, D, device, seed + S)
             return cache[S, D]
+
         return get
 
     return data_for
@@ -250,14 +262,26 @@ def run(args) -> dict:
     )
     start = time.monotonic()
     # "device" names the table file (tuning.device_file)
-    report = {"meta": run_meta(device, kernel=kernel, timer=timer), "device": name, "out": str(out), "buckets": {},
-              "not_tuned": []}
+    report = {
+        "meta": run_meta(device, kernel=kernel, timer=timer),
+        "device": name,
+        "out": str(out),
+        "buckets": {},
+        "not_tuned": [],
+    }
     if device.type == "cuda" and args.jobs > 0:
-        done, asked = precompile([(m, dt, D, args.seq_lens or S_REPS[sb]) for m, dt, D, sb in jobs], H, args.seed,
-                                 args.jobs, time.time() + args.budget / 2)
+        done, asked = precompile(
+            [(m, dt, D, args.seq_lens or S_REPS[sb]) for m, dt, D, sb in jobs],
+            H,
+            args.seed,
+            args.jobs,
+            time.time() + args.budget / 2,
+        )
         report["precompile"] = {"compiled": done, "candidates": asked, "seconds": round(time.monotonic() - start, 1)}
-        print(f"compiled {done} of {asked} candidates in {args.jobs} processes "
-              f"({time.monotonic() - start:.0f}s)", flush=True)
+        print(
+            f"compiled {done} of {asked} candidates in {args.jobs} processes ({time.monotonic() - start:.0f}s)",
+            flush=True,
+        )
     for i, (mode, dtype, D, sb) in enumerate(jobs):
         seq_lens = args.seq_lens or S_REPS[sb]
         elem = getattr(torch, dtype).itemsize
@@ -272,9 +296,14 @@ def run(args) -> dict:
         log = []
         best, score, base_times = tune_bucket(bucket, current, D, 2 * H, log, grid_search=args.grid)
         del bucket
-        report["buckets"][key] = {"start": current, "start_us": base_times, "best": best,
-                                  "time_vs_start": score if score < float("inf") else None,
-                                  "seconds": round(time.monotonic() - start - elapsed, 1), "tried": log}
+        report["buckets"][key] = {
+            "start": current,
+            "start_us": base_times,
+            "best": best,
+            "time_vs_start": score if score < float("inf") else None,
+            "seconds": round(time.monotonic() - start - elapsed, 1),
+            "tried": log,
+        }
         if score == float("inf"):
             print(f"    no candidate passed the check; {key} keeps the package's rule", file=sys.stderr)
         else:
@@ -284,8 +313,11 @@ def run(args) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if report["not_tuned"]:
-        print(f"budget of {args.budget}s spent; {len(report['not_tuned'])} buckets keep default_config: "
-              + ", ".join(report["not_tuned"]), file=sys.stderr)
+        print(
+            f"budget of {args.budget}s spent; {len(report['not_tuned'])} buckets keep default_config: "
+            + ", ".join(report["not_tuned"]),
+            file=sys.stderr,
+        )
     print(f"wrote {out} ({time.monotonic() - start:.0f}s)")
     return report
 
@@ -301,30 +333,47 @@ def add_arguments(parser):
     parser.add_argument("--head-dims", type=cli.head_dim, nargs="+", default=list(HEAD_DIMS))
     parser.add_argument("--s-buckets", nargs="+", choices=list(S_REPS), default=list(S_REPS))
     parser.add_argument("--heads", type=cli.positive_int, default=16, help="heads of q and of k (default 16)")
-    parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+",
-                        help="time at these S instead of each bucket's representatives (the key uses the first)")
+    parser.add_argument(
+        "--seq-lens",
+        type=cli.positive_int,
+        nargs="+",
+        help="time at these S instead of each bucket's representatives (the key uses the first)",
+    )
     parser.add_argument("--calls", type=cli.positive_int, default=10, help="cold-L2 calls timed per candidate and S")
-    parser.add_argument("--grid", action="store_true",
-                        help="time every (BLOCK_S, BLOCK_D, BLOCK_R, num_warps) candidate instead of the coordinate search")
-    parser.add_argument("--budget", type=cli.positive_float, default=270,
-                        help="seconds; buckets not started by then are skipped")
-    parser.add_argument("--jobs", type=cli.nonnegative_int, default=max(1, (os.cpu_count() or 2) - 1),
-                        help="processes that compile the candidates before the search, on a GPU (0: none)")
+    parser.add_argument(
+        "--grid",
+        action="store_true",
+        help="time every (BLOCK_S, BLOCK_D, BLOCK_R, num_warps) candidate instead of the coordinate search",
+    )
+    parser.add_argument(
+        "--budget", type=cli.positive_float, default=270, help="seconds; buckets not started by then are skipped"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=cli.nonnegative_int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="processes that compile the candidates before the search, on a GPU (0: none)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", type=cli.device,
-                        help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)")
+    parser.add_argument(
+        "--device", type=cli.device, help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)"
+    )
     parser.add_argument("--out", type=Path, help="default: torch-ext/rope_bwd/configs/<GPU name>.json")
-    parser.add_argument("--log", type=Path, default=REPO_ROOT / "results" / "tune.json",
-                        help="every candidate's score, per bucket")
+    parser.add_argument(
+        "--log", type=Path, default=REPO_ROOT / "results" / "tune.json", help="every candidate's score, per bucket"
+    )
 
 
 def main(args) -> int:
     import torch
 
-    if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu" and \
-            os.environ.get("TRITON_INTERPRET") != "1":
-        raise cli.UsageError("tuning times the Triton kernel: it needs a CUDA GPU, or TRITON_INTERPRET=1 "
-                             "to run it on the CPU in Triton's interpreter (a code-path check)")
+    if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu" and os.environ.get(
+        "TRITON_INTERPRET"
+    ) != "1":
+        raise cli.UsageError(
+            "tuning times the Triton kernel: it needs a CUDA GPU, or TRITON_INTERPRET=1 "
+            "to run it on the CPU in Triton's interpreter (a code-path check)"
+        )
     write_log(args.log, run(args))
     print(f"wrote {args.log}")
     return 0

@@ -79,8 +79,15 @@ def run(args, save=None) -> dict:
     runs, meta = [], _meta(args)
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
-            argv = ["e2e", "--varres-child", variant, "--varres-sides", *map(str, args.varres_sides),
-                    "--depth", str(args.depth)]
+            argv = [
+                "e2e",
+                "--varres-child",
+                variant,
+                "--varres-sides",
+                *map(str, args.varres_sides),
+                "--depth",
+                str(args.depth),
+            ]
             if args.quick:
                 argv.append("--quick")
             if args.repo_id:
@@ -120,9 +127,12 @@ def markdown(report) -> str:
         first, second = (sum(p) for p in r["passes"])
         rows.append([r["variant"], f"{first:.0f}", f"{second:.0f}", f"{statistics.median(r['passes'][1]):.1f}", ""])
     tokens = next((r["tokens"] for r in report["runs"] if "tokens" in r), [])
-    return (f"Training on images of varying resolution: Qwen3-Omni vision encoder ({meta['model']}); one "
-            f"forward + backward per image, {len(tokens)} images of {', '.join(map(str, tokens))} tokens, two passes; "
-            f"each variant in a fresh process with empty Triton/inductor caches; wall time until the GPU is done. "
-            f"{meta['gpu'] or 'CPU (code-path check only)'}, torch {v['torch']}, triton {v['triton']}, "
-            f"transformers {v['transformers']}; {meta['date']}. Command: `{meta['command']}`\n\n"
-            + markdown_table(["variant", "first pass ms", "second pass ms", "second pass, median step ms", "note"], rows) + "\n")
+    return (
+        f"Training on images of varying resolution: Qwen3-Omni vision encoder ({meta['model']}); one "
+        f"forward + backward per image, {len(tokens)} images of {', '.join(map(str, tokens))} tokens, two passes; "
+        f"each variant in a fresh process with empty Triton/inductor caches; wall time until the GPU is done. "
+        f"{meta['gpu'] or 'CPU (code-path check only)'}, torch {v['torch']}, triton {v['triton']}, "
+        f"transformers {v['transformers']}; {meta['date']}. Command: `{meta['command']}`\n\n"
+        + markdown_table(["variant", "first pass ms", "second pass ms", "second pass, median step ms", "note"], rows)
+        + "\n"
+    )

@@ -7,7 +7,7 @@
 # runs the stages named as arguments, writing
 # everything under $OUT:
 #   tune   search launch configurations -> torch-ext/rope_bwd/configs/<GPU>.json
-#   bench  benchmark (DESIGN.md section 6): the 16 public workloads, then S = 16384 / 65536
+#   bench  benchmark (docs/design.md, section 7): the 16 public workloads, then S = 16384 / 65536
 #          and head_dim 72 / 80, in one process (one copy-bandwidth figure for all)
 #   tests  the whole pytest suite (GPU tests included; PYTEST_ARGS narrows it)
 #   ab     this tree against another build in one process (AB=<checkout with build/>, default

@@ -27,14 +27,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
     # torch.compile users would see it: dynamo traced through a cache of ours
     config.addinivalue_line(
-        "filterwarnings", "error:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning")
+        "filterwarnings", "error:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning"
+    )
     offline.install()
 
 
 def pytest_report_header(config):
     cpu_path = "Triton kernels in the interpreter" if INTERPRET else "PyTorch path"
-    return (f"rope-bwd: CPU tensors run the {cpu_path}; CUDA {'available' if HAS_CUDA else 'not available'}; "
-            f"LOCAL_KERNELS={os.environ.get('LOCAL_KERNELS')}")
+    return (
+        f"rope-bwd: CPU tensors run the {cpu_path}; CUDA {'available' if HAS_CUDA else 'not available'}; "
+        f"LOCAL_KERNELS={os.environ.get('LOCAL_KERNELS')}"
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -39,7 +39,9 @@ def generated_code():
     from torch._inductor.graph import GraphLowering
 
     code = []
-    with mock.patch.object(GraphLowering, "save_output_code", code.append), \
-            torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+    with (
+        mock.patch.object(GraphLowering, "save_output_code", code.append),
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
         yield code

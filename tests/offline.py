@@ -31,6 +31,7 @@ def install() -> None:
             if sock.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
                 _refuse(f"connection to {address}")
             return real(sock, address)
+
         return call
 
     def lookup(host, *args, **kwargs):

@@ -14,8 +14,9 @@ HEADS, HEAD_DIM = 16, 128
 SOL_ATOL = SOL_RTOL = 1e-2  # |out - ref| <= atol + rtol*|ref| ...
 
 
-def make_inputs(S, H=HEADS, D=HEAD_DIM, *, HK=None, dtype=torch.float32, table_dtype=torch.float32,
-                device="cpu", generator=None):
+def make_inputs(
+    S, H=HEADS, D=HEAD_DIM, *, HK=None, dtype=torch.float32, table_dtype=torch.float32, device="cpu", generator=None
+):
     """Fresh random inputs of one workload: grad_q_embed, grad_k_embed, q, k [S, H, D], embeddings [S, D]."""
     HK = H if HK is None else HK
 
@@ -23,8 +24,11 @@ def make_inputs(S, H=HEADS, D=HEAD_DIM, *, HK=None, dtype=torch.float32, table_d
         return torch.randn(*shape, generator=generator, dtype=torch.float32).to(device=device, dtype=dt)
 
     return {
-        "grad_q_embed": rnd(S, H, D), "grad_k_embed": rnd(S, HK, D),
-        "q": rnd(S, H, D), "k": rnd(S, HK, D), "embeddings": rnd(S, D, dt=table_dtype),
+        "grad_q_embed": rnd(S, H, D),
+        "grad_k_embed": rnd(S, HK, D),
+        "q": rnd(S, H, D),
+        "k": rnd(S, HK, D),
+        "embeddings": rnd(S, D, dt=table_dtype),
     }
 
 

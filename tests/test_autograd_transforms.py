@@ -16,7 +16,6 @@ import torch.autograd.forward_ad as fwAD
 from torch.autograd import gradcheck, gradgradcheck
 
 from . import reference
-
 from .helpers import DEVICES, INTERPRET
 
 S, HQ, HK, D = 7, 2, 3, 8
@@ -92,8 +91,9 @@ def test_rope_bwd_is_differentiable_float64(kernel, gen):
     gradients, bilinear in them and (q, k) or the table; its derivatives, both orders and modes."""
     args = [rnd(gen, S, HQ, D), rnd(gen, S, HK, D), rnd(gen, S, HQ, D), rnd(gen, S, HK, D), rnd(gen, S, D)]
     args = [t.double().requires_grad_() for t in args]
-    assert gradcheck(kernel.rope_bwd, args, check_forward_ad=True, check_batched_grad=True,
-                     check_batched_forward_grad=True)
+    assert gradcheck(
+        kernel.rope_bwd, args, check_forward_ad=True, check_batched_grad=True, check_batched_forward_grad=True
+    )
     assert gradgradcheck(kernel.rope_bwd, args, check_fwd_over_rev=True)
 
 
@@ -110,6 +110,7 @@ def test_third_order_float64(kernel, gen):
 
 
 # ------------------------------------------------------- the kernel's path against float64
+
 
 def _double_backward(fn, leaves, weights):
     """Gradients of a loss on the outputs plus a penalty on their gradients (taken with
@@ -143,8 +144,9 @@ def test_double_backward_of_the_real_models_case(kernel, launches, device, gen):
     q, k, cos, sin = make_inputs("vision", gen, device)
     leaves = [q.requires_grad_(), k.requires_grad_()]
     gq, gk = (rnd(gen, *t.shape, device=device).requires_grad_() for t in leaves)
-    first = torch.autograd.grad(kernel.apply_rotary_pos_emb_vision(*leaves, cos, sin), leaves, (gq, gk),
-                                create_graph=True)
+    first = torch.autograd.grad(
+        kernel.apply_rotary_pos_emb_vision(*leaves, cos, sin), leaves, (gq, gk), create_graph=True
+    )
     w = [rnd(gen, *t.shape, device=device) for t in first]
     got = torch.autograd.grad(sum((g * x).sum() for g, x in zip(first, w)), [*leaves, gq, gk], allow_unused=True)
     assert got[0] is None and got[1] is None
@@ -204,7 +206,10 @@ def test_hessian(kernel, launches, device, form, gen):
 
 
 VMAPS = {  # in_dims of (q, k, *tables), and where the batch sits in the reference
-    "heads": (0, 0, None), "tables": (None, None, 0), "all_dim1": (1, 1, 1), "q_only": (0, None, None),
+    "heads": (0, 0, None),
+    "tables": (None, None, 0),
+    "all_dim1": (1, 1, 1),
+    "q_only": (0, None, None),
 }
 
 
@@ -216,8 +221,10 @@ def test_vmap(kernel, launches, device, form, batching, gen):
     B = 3
     dims = VMAPS[batching][:2] + (VMAPS[batching][2],) * len(tables)
     args = make_inputs(form, gen, device)
-    batched = [t if d is None else torch.stack([rnd(gen, *t.shape, device=device) for _ in range(B)], d)
-               for t, d in zip(args, dims)]
+    batched = [
+        t if d is None else torch.stack([rnd(gen, *t.shape, device=device) for _ in range(B)], d)
+        for t, d in zip(args, dims)
+    ]
     got = torch.vmap(getattr(kernel, name), in_dims=dims)(*batched)
     ref = torch.vmap(reference, in_dims=dims)(*f64(batched))
     assert_close(got, ref, f"vmap {batching}")
@@ -232,8 +239,9 @@ def test_per_sample_gradients(kernel, launches, device, gen):
     q, k, e = make_inputs("angles", gen, device)
     qs, ks = (torch.stack([rnd(gen, *t.shape, device=device) for _ in range(B)]) for t in (q, k))
     weights = [rnd(gen, S, HQ, D, device=device), rnd(gen, S, HK, D, device=device)]
-    per_sample = torch.func.vmap(torch.func.grad(_loss(kernel.apply_rotary_emb, weights), argnums=(0, 2)),
-                                 in_dims=(0, 0, None))
+    per_sample = torch.func.vmap(
+        torch.func.grad(_loss(kernel.apply_rotary_emb, weights), argnums=(0, 2)), in_dims=(0, 0, None)
+    )
     got = per_sample(qs, ks, e)
     for b in range(B):
         leaves = [t.requires_grad_() for t in f64([qs[b], ks[b], e])]

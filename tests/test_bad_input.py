@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from . import reference
-
 from .helpers import DEVICES
 
 S, HQ, HK, D = 6, 2, 3, 8
@@ -33,8 +32,11 @@ def make_args(fn, gen, device, *, s=S, hq=HQ, hk=HK, d=D, dtype=torch.float32):
         return {**heads, "cos": rnd(gen, device, s, d), "sin": rnd(gen, device, s, d)}
     args = {**heads, "embeddings": rnd(gen, device, s, d)}
     if fn == "rope_bwd":
-        args = {"grad_q_embed": rnd(gen, device, s, hq, d, dtype=dtype),
-                "grad_k_embed": rnd(gen, device, s, hk, d, dtype=dtype), **args}
+        args = {
+            "grad_q_embed": rnd(gen, device, s, hq, d, dtype=dtype),
+            "grad_k_embed": rnd(gen, device, s, hk, d, dtype=dtype),
+            **args,
+        }
     return args
 
 
@@ -57,6 +59,7 @@ def snapshot(values):
 @pytest.fixture
 def tripwire(kernel, monkeypatch):
     """Any kernel launch or CPU-path computation fails the test: errors come first."""
+
     def boom(*args, **kwargs):
         raise AssertionError("a kernel ran before the bad input was rejected")
 
@@ -253,7 +256,7 @@ def _outputs_share(args, i):
     args["k"], args["grad_k_embed"] = args["k"][:, :HQ], args["grad_k_embed"][:, :HQ]
     n = S * HQ * D
     buf = torch.full(((S + 1) * HQ * D,), float("nan"), device=args["q"].device)
-    out = [buf[:n].view(S, HQ, D), buf[i * HQ * D:][:n].view(S, HQ, D), fresh_out(args)[2]]
+    out = [buf[:n].view(S, HQ, D), buf[i * HQ * D :][:n].view(S, HQ, D), fresh_out(args)[2]]
     return out, ValueError, r"out\[grad_q\] and out\[grad_k\] overlap; each output needs its own memory"
 
 
@@ -265,14 +268,22 @@ def _embeddings_inside_grad_q(args, i):
 
 def _not_a_tuple(args, i):
     out = fresh_out(args)
-    return (out[0] if i == 0 else out[:2]), TypeError, r"out must be a tuple of 3 tensors \(grad_q, grad_k, grad_embeddings\)"
+    return (
+        (out[0] if i == 0 else out[:2]),
+        TypeError,
+        r"out must be a tuple of 3 tensors \(grad_q, grad_k, grad_embeddings\)",
+    )
 
 
 def _out_requires_grad(args, i):
     """A leaf that requires grad as out= (torch refuses in-place writes into one)."""
     out = list(fresh_out(args))
     out[i] = out[i].requires_grad_()
-    return out, ValueError, rf"out\[{OUT_NAMES[i]}\] requires grad, but results written into out= are not differentiable"
+    return (
+        out,
+        ValueError,
+        rf"out\[{OUT_NAMES[i]}\] requires grad, but results written into out= are not differentiable",
+    )
 
 
 def _input_requires_grad(args, i):
@@ -301,8 +312,13 @@ OUT_CASES = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "make_out,i",
-    [pytest.param(f, i, id=f"{case}-{i}", marks=[pytest.mark.kernels_ci] if case in ("wrong_dtype", "is_input") else [])
-     for case, f, idx in OUT_CASES for i in idx],
+    [
+        pytest.param(
+            f, i, id=f"{case}-{i}", marks=[pytest.mark.kernels_ci] if case in ("wrong_dtype", "is_input") else []
+        )
+        for case, f, idx in OUT_CASES
+        for i in idx
+    ],
 )
 def test_bad_out(kernel, tripwire, gen, device, make_out, i):
     args = make_args("rope_bwd", gen, device)
@@ -311,6 +327,7 @@ def test_bad_out(kernel, tripwire, gen, device, make_out, i):
 
 
 # --------------------------------------------------------- valid edge cases
+
 
 def _outputs(kernel, fn, args):
     """Run fn forward (and backward for the autograd functions); every result tensor."""
@@ -389,8 +406,10 @@ def test_checks_after_a_valid_call_of_the_same_shapes(kernel, gen, device, fn):
     valid call first must not let a bad one of the same shapes through afterwards."""
     args = make_args(fn, gen, device)
     getattr(kernel, fn)(*args.values())
-    cases = [("k", torch.int32, TypeError, "must be float32"),
-             *((n, torch.float16, ValueError, "must have the dtype of ") for n in ("sin", "grad_k_embed") if n in args)]
+    cases = [
+        ("k", torch.int32, TypeError, "must be float32"),
+        *((n, torch.float16, ValueError, "must have the dtype of ") for n in ("sin", "grad_k_embed") if n in args),
+    ]
     for name, dtype, exc, match in cases:
         bad = dict(args, **{name: args[name].to(dtype)})
         with pytest.raises(exc, match=f"^{fn}: {name} {match}"):

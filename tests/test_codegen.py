@@ -12,8 +12,9 @@ from collections import Counter
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                                reason="compiles the JIT kernel, which the interpreter replaces")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1", reason="compiles the JIT kernel, which the interpreter replaces"
+)
 PTRS = ("X_q", "X_k", "Y_q", "Y_k", "P_q", "P_k", "T0", "T1", "G0", "G1")
 CFG = (("BLOCK_S", 1), ("BLOCK_D", 64), ("BLOCK_R", 32), ("num_warps", 2))
 
@@ -24,8 +25,7 @@ def _compile(rt, consts, dtypes, S=None):
     from triton.backends.compiler import GPUTarget
 
     k = rt.rotary_kernel
-    sig = {n: ("*" + dtypes[n] if n in PTRS else "i32" if n == "S" and S is None else "constexpr")
-           for n in k.arg_names}
+    sig = {n: ("*" + dtypes[n] if n in PTRS else "i32" if n == "S" and S is None else "constexpr") for n in k.arg_names}
     constexprs = {n: v for n, v in consts.items() if n != "num_warps"}
     if S is not None:
         constexprs["S"] = S
@@ -47,10 +47,22 @@ def _case(rt, mode, D, dtype, S, encode):
     big = "bf16" if dtype == torch.bfloat16 else "fp32"
     dtypes = {p: big for p in PTRS} | {"T0": "fp32", "T1": "fp32", "G0": "fp32", "G1": "fp32"}
     x = views if mode == "fwd" else grad
-    tensors = [x, x, out, out, views if mode == "bwd" else None, views if mode == "bwd" else None,
-               table, table, table if mode == "bwd" else None, table if mode == "bwd" else None]
-    layout = tuple(None if st is None else (rt._encode(st, S) if encode else st, dtype if i < 6 else torch.float32, True)
-                   for i, st in enumerate(tensors))
+    tensors = [
+        x,
+        x,
+        out,
+        out,
+        views if mode == "bwd" else None,
+        views if mode == "bwd" else None,
+        table,
+        table,
+        table if mode == "bwd" else None,
+        table if mode == "bwd" else None,
+    ]
+    layout = tuple(
+        None if st is None else (rt._encode(st, S) if encode else st, dtype if i < 6 else torch.float32, True)
+        for i, st in enumerate(tensors)
+    )
     return rt._constexprs(H, D, H, mode != "fwd", layout, CFG), dtypes
 
 

@@ -12,7 +12,6 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from . import reference
-
 from .helpers import DEVICES, compiled_calls, generated_code
 
 D = 8
@@ -146,7 +145,9 @@ def test_compile_dynamic_seq_len(kernel, gen, device, table_grad):
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             code = _check_compiled(module, compiled, x, cos, sin, w, 6 if table_grad else 4)
         if i == 0:  # symbolic S: inductor still launches the kernel itself (static strides)
-            want = {"kernel"} if device == "cuda" else {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
+            want = (
+                {"kernel"} if device == "cuda" else {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
+            )
             assert compiled_calls(kernel, code) == want
     assert counter.frame_count == 1
 

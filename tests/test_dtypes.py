@@ -16,7 +16,6 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from . import reference as ref64
-
 from .helpers import DEVICES, INTERPRET
 
 S, HQ, HK, D = 9, 2, 3, 16

@@ -49,11 +49,16 @@ def all_outputs(kernel, args, out):
     gq, gk, q, k, emb = args
     res = [*kernel.rope_bwd(*args, out=out), *kernel.rope_bwd(*args), *kernel.rope_fwd(q, k, emb)]
     cos, sin = emb.cos(), emb.sin()
-    for fn, tables, table_grad in [(kernel.apply_rotary_emb, (emb,), True),
-                                   (kernel.apply_rotary_pos_emb_vision, (cos, sin), True),
-                                   (kernel.apply_rotary_pos_emb_vision, (cos, sin), False)]:
-        leaves = [q.detach().requires_grad_(), k.detach().requires_grad_(),
-                  *(t.detach().requires_grad_(table_grad) for t in tables)]
+    for fn, tables, table_grad in [
+        (kernel.apply_rotary_emb, (emb,), True),
+        (kernel.apply_rotary_pos_emb_vision, (cos, sin), True),
+        (kernel.apply_rotary_pos_emb_vision, (cos, sin), False),
+    ]:
+        leaves = [
+            q.detach().requires_grad_(),
+            k.detach().requires_grad_(),
+            *(t.detach().requires_grad_(table_grad) for t in tables),
+        ]
         outs = fn(*leaves)
         res += [*outs, *torch.autograd.grad(outs, leaves if table_grad else leaves[:2], [gq, gk])]
     return [r.detach().clone() for r in res]
@@ -64,8 +69,10 @@ def all_outputs(kernel, args, out):
 DETERMINISM_SHAPES = (
     [pytest.param(S, 16, 16, 128, torch.float32, id=f"suite-S{S}") for S in reference.SEQ_LENS]
     + [pytest.param(S, 16, 16, 72, torch.bfloat16, id=f"qwen3omni-S{S}") for S in (1, 977, 4096, 16384)]
-    + [pytest.param(3001, 16, 16, 80, torch.bfloat16, id="qwen25vl-S3001"),
-       pytest.param(2048, 16, 4, 128, torch.float16, id="gqa-fp16-S2048")]
+    + [
+        pytest.param(3001, 16, 16, 80, torch.bfloat16, id="qwen25vl-S3001"),
+        pytest.param(2048, 16, 4, 128, torch.float16, id="gqa-fp16-S2048"),
+    ]
 )
 
 
@@ -85,6 +92,7 @@ def test_bitwise_deterministic(kernel, gen, S, HQ, HK, D, dtype):
 
 # ---------------------------------------------------------------- huge sizes
 
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_past_2_31_elements(kernel, gen, dtype):
     """S*H*D = 2.25e9 > 2^31: an int32 offset would wrap. Rows around the 2^31-element
@@ -96,10 +104,14 @@ def test_past_2_31_elements(kernel, gen, dtype):
         pytest.skip(f"needs {need / 2**30:.0f} GiB of free GPU memory")
     args = inputs(gen, S, H, D, dtype=dtype)
     mark = 2**31 // (H * D)  # first row whose elements lie past 2^31
-    rows = torch.cat([
-        torch.arange(0, 16), torch.arange(mark - 16, mark + 16), torch.arange(S - 64, S),
-        torch.randint(S, (256,), generator=gen),
-    ]).cuda()
+    rows = torch.cat(
+        [
+            torch.arange(0, 16),
+            torch.arange(mark - 16, mark + 16),
+            torch.arange(S - 64, S),
+            torch.randint(S, (256,), generator=gen),
+        ]
+    ).cuda()
     tol = [BF16_TOL if dtype == torch.bfloat16 else FP32_TOL] * 2 + [FP32_TOL]
 
     got = kernel.rope_bwd(*args)
@@ -119,6 +131,7 @@ def test_past_2_31_elements(kernel, gen, dtype):
 
 
 # ---------------------------------------------------------------- CUDA graphs
+
 
 def _warm_up_on_side_stream(fn, n=3):
     """As torch.cuda.graphs asks: run once before capture (Triton compiles here) on a side stream."""
@@ -194,6 +207,7 @@ def test_cuda_graph_autograd(kernel, gen, table_grad):
 
 # ------------------------------------------------------------------- streams
 
+
 def test_runs_on_the_current_stream(kernel, gen):
     """With the default stream asleep, every public call on a side stream completes:
     the work was queued on the side stream, and its results are right."""
@@ -222,6 +236,7 @@ def test_runs_on_the_current_stream(kernel, gen):
 
 # -------------------------------------------------------------------- memory
 
+
 def _stat(name):
     return torch.cuda.memory_stats()[name]
 
@@ -241,8 +256,12 @@ def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
         return []
 
     def vision(table_grad):
-        leaves = [q.detach().requires_grad_(), k.detach().requires_grad_(),
-                  cos.detach().requires_grad_(table_grad), sin.detach().requires_grad_(table_grad)]
+        leaves = [
+            q.detach().requires_grad_(),
+            k.detach().requires_grad_(),
+            cos.detach().requires_grad_(table_grad),
+            sin.detach().requires_grad_(table_grad),
+        ]
         outs = kernel.apply_rotary_pos_emb_vision(*leaves)
         return [*outs, *torch.autograd.grad(outs, leaves if table_grad else leaves[:2], [gq, gk])]
 
@@ -270,6 +289,7 @@ def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
 
 
 # ------------------------------------------------------------- no host sync
+
 
 @contextlib.contextmanager
 def sync_is_an_error():

@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernels import LayerRepository, LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub, \
-    use_kernel_mapping
+from kernels import (
+    LayerRepository,
+    LocalLayerRepository,
+    Mode,
+    kernelize,
+    use_kernel_forward_from_hub,
+    use_kernel_mapping,
+)
 
 from . import reference
 from .helpers import REPO_ID
@@ -45,7 +51,7 @@ def _local_path() -> Path:
 def test_mapping_covers_devices_and_modes(kernel):
     """Every mode on CUDA and CPU; a repo-id LOCAL_KERNELS does not name resolves by version."""
     for repo_id, version in ((REPO_ID, 1), ("org/name", 3)):
-        (layer, devices), = kernel.integrations.kernel_mapping(repo_id, version=version).items()
+        ((layer, devices),) = kernel.integrations.kernel_mapping(repo_id, version=version).items()
         assert layer == "ApplyRotaryPosEmbVision" and set(devices) == {"cuda", "cpu"}
         repos = [repo for modes in devices.values() for repo in modes.values()]
         assert all(set(modes) == ALL_MODES for modes in devices.values())

@@ -48,8 +48,10 @@ def _poisoned(t):
 def test_rope_bwd_and_fwd(kernel, device, dtype, D, gen):
     gq, gk, q, k, e = _inputs(37, 4, D, dtype, device, gen, HK=3)
     ref = reference.reference_backward(gq, gk, q, k, e)
-    for out in (kernel.rope_bwd(gq, gk, q, k, e),
-                kernel.rope_bwd(gq, gk, q, k, e, out=tuple(map(_poisoned, (q, k, e))))):
+    for out in (
+        kernel.rope_bwd(gq, gk, q, k, e),
+        kernel.rope_bwd(gq, gk, q, k, e, out=tuple(map(_poisoned, (q, k, e)))),
+    ):
         for o, r, name in zip(out, ref, ("grad_q", "grad_k", "grad_embeddings")):
             assert o.dtype == (e.dtype if name == "grad_embeddings" else dtype) and o.device.type == device
             # the table gradient is fp32 math on exactly widened inputs: fp32 accuracy whatever q's dtype
@@ -89,8 +91,12 @@ def test_apply_rotary_pos_emb_vision(kernel, device, dtype, D, table_grad, gen):
     e = torch.randn(S, D, generator=gen).to(device)
     cos, sin = e.cos(), e.sin()
     gq, gk = (torch.randn(S, H, D, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
-    leaves = [q.detach().requires_grad_(), k.detach().requires_grad_(),
-              cos.clone().requires_grad_(table_grad), sin.clone().requires_grad_(table_grad)]
+    leaves = [
+        q.detach().requires_grad_(),
+        k.detach().requires_grad_(),
+        cos.clone().requires_grad_(table_grad),
+        sin.clone().requires_grad_(table_grad),
+    ]
     outs = kernel.apply_rotary_pos_emb_vision(*leaves)
     torch.autograd.backward(outs, (gq, gk))
     fwd_ref, grad_ref = _ref_vision(q, k, cos, sin, gq, gk)
@@ -125,9 +131,11 @@ def test_partial_gradients(kernel, device, which, gen):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "cfg",
-    [dict(BLOCK_S=1, BLOCK_D=64, BLOCK_R=8, num_warps=4),  # one chunk of D/2, rows looped in chunks
-     dict(BLOCK_S=4, BLOCK_D=8, BLOCK_R=2, num_warps=1),  # several channel chunks, odd tail of tokens
-     dict(BLOCK_S=2, BLOCK_D=16, BLOCK_R=16, num_warps=2)],
+    [
+        dict(BLOCK_S=1, BLOCK_D=64, BLOCK_R=8, num_warps=4),  # one chunk of D/2, rows looped in chunks
+        dict(BLOCK_S=4, BLOCK_D=8, BLOCK_R=2, num_warps=1),  # several channel chunks, odd tail of tokens
+        dict(BLOCK_S=2, BLOCK_D=16, BLOCK_R=16, num_warps=2),
+    ],
 )
 @pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd", "bwd_q_only"])
 @pytest.mark.parametrize("D", [72, 128])
@@ -177,7 +185,10 @@ def test_gradcheck_torch_path(kernel):
     if INTERPRET:
         pytest.skip("float64 is a PyTorch-path feature; the Triton kernel computes in float32")
     g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(4, 2, 8, generator=g, dtype=torch.float64), torch.randn(4, 3, 8, generator=g, dtype=torch.float64)
+    q, k = (
+        torch.randn(4, 2, 8, generator=g, dtype=torch.float64),
+        torch.randn(4, 3, 8, generator=g, dtype=torch.float64),
+    )
     e = torch.randn(4, 8, generator=g, dtype=torch.float64)
     args = [t.requires_grad_() for t in (q, k, e)]
     assert torch.autograd.gradcheck(kernel.apply_rotary_emb, args)
@@ -321,8 +332,7 @@ def test_direct_launch_needs_triton_internals(direct_launch_state, monkeypatch):
     direct launcher, one warning, and every later launch through rotary_kernel[grid]."""
     rt = direct_launch_state
     monkeypatch.delattr(rt.triton, "knobs")
-    stand_in = type("Compiled", (), {"run": None, "function": None, "packed_metadata": None,
-                                     "launch_metadata": None})()
+    stand_in = type("Compiled", (), {"run": None, "function": None, "packed_metadata": None, "launch_metadata": None})()
     with pytest.warns(RuntimeWarning, match="does not take the direct launch"):
         assert rt._direct(stand_in) is None
     assert rt._DIRECT["ok"] is False
@@ -343,10 +353,13 @@ def test_direct_launch_falls_back_gpu(direct_launch_state, gen, monkeypatch, bro
     if broken == "no knobs":
         monkeypatch.delattr(rt.triton, "knobs")
     else:
+
         def changed(kernel):
             def launch(grid, device, args):
                 raise TypeError("function takes 12 positional arguments")
+
             return launch
+
         monkeypatch.setattr(rt, "_direct", changed)
     triton_runs = []
     run = rt.rotary_kernel.run

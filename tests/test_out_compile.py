@@ -8,7 +8,6 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from . import reference
-
 from .helpers import DEVICES
 
 HQ, HK, D = 2, 3, 8
@@ -20,8 +19,13 @@ def rnd(gen, device, *shape):
 
 
 def make_args(gen, device, S, hk=HK):
-    return [rnd(gen, device, S, HQ, D), rnd(gen, device, S, hk, D), rnd(gen, device, S, HQ, D),
-            rnd(gen, device, S, hk, D), rnd(gen, device, S, D)]
+    return [
+        rnd(gen, device, S, HQ, D),
+        rnd(gen, device, S, hk, D),
+        rnd(gen, device, S, HQ, D),
+        rnd(gen, device, S, hk, D),
+        rnd(gen, device, S, D),
+    ]
 
 
 @pytest.fixture

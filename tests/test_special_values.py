@@ -14,9 +14,8 @@ rounding of the output itself (2^-8, 2^-11)."""
 import pytest
 import torch
 
-from .reference import reference_backward, reference_forward, reference_vision_forward, rel_err
-
 from .helpers import DEVICES
+from .reference import reference_backward, reference_forward, reference_vision_forward, rel_err
 
 FUNCS = ["rope_bwd", "rope_fwd", "apply_rotary_emb", "apply_rotary_pos_emb_vision"]
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -39,8 +38,21 @@ def restride(t, layout, gen):
     return t
 
 
-def make(fn, gen, device, *, S=5, HQ=3, HK=2, D=12, dtype=torch.float32, grads="contiguous",
-         qk="contiguous", table="contiguous", requires_grad=False):
+def make(
+    fn,
+    gen,
+    device,
+    *,
+    S=5,
+    HQ=3,
+    HK=2,
+    D=12,
+    dtype=torch.float32,
+    grads="contiguous",
+    qk="contiguous",
+    table="contiguous",
+    requires_grad=False,
+):
     """Random inputs of fn, by name. D = 12: a half of 6 exercises the masked channels.
     qk = "qkv": q and k are views of one [S, 3*H*D] projection (then HK = HQ)."""
     HK = HQ if qk == "qkv" else HK
@@ -148,6 +160,7 @@ def test_nan_inf_propagate_like_reference(kernel, gen, device, dtype, fn, where)
 
 
 # ------------------------------------------------------------ S = 0 and 1
+
 
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("device", DEVICES)

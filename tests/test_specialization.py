@@ -21,10 +21,59 @@ from . import reference
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # 25 sizes: 1, odd, even, multiples of 16, each tuning bucket, past 65536; then 24 new ones
 # of the same classes, which must compile nothing new.
-SIZES = [1, 2, 3, 7, 16, 31, 64, 100, 127, 256, 257, 511, 512, 999, 1024, 1025, 2048, 3001, 4096, 4097,
-         8191, 16384, 16385, 65536, 70001]
-NEW_SIZES = [4, 5, 9, 33, 48, 200, 255, 300, 640, 777, 1000, 1008, 1500, 2047, 3333, 4095, 5000, 9216,
-             12345, 16383, 20000, 32768, 65537, 69999]
+SIZES = [
+    1,
+    2,
+    3,
+    7,
+    16,
+    31,
+    64,
+    100,
+    127,
+    256,
+    257,
+    511,
+    512,
+    999,
+    1024,
+    1025,
+    2048,
+    3001,
+    4096,
+    4097,
+    8191,
+    16384,
+    16385,
+    65536,
+    70001,
+]
+NEW_SIZES = [
+    4,
+    5,
+    9,
+    33,
+    48,
+    200,
+    255,
+    300,
+    640,
+    777,
+    1000,
+    1008,
+    1500,
+    2047,
+    3333,
+    4095,
+    5000,
+    9216,
+    12345,
+    16383,
+    20000,
+    32768,
+    65537,
+    69999,
+]
 RUN_UP_TO = 40  # sizes the interpreter also runs and checks (larger ones are only recorded)
 MAX_KERNELS = 8
 
@@ -59,8 +108,8 @@ class Recorder:
     (interpreted) kernel when asked."""
 
     def __init__(self, kernel):
-        from triton.backends.compiler import BaseBackend
         from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
 
         self.kernel, self.run = kernel, False
         self.keys = []
@@ -74,6 +123,7 @@ class Recorder:
             self.keys.append((tuple(sorted(consts.items())), runtime))
             if self.run:
                 self.kernel[grid](*args, **consts)
+
         return launch
 
 
@@ -83,8 +133,12 @@ def _call(kernel, mode, q, k, grads, e, cos, sin):
         return kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
     if mode == "rope_bwd":  # SOL-ExecBench's backward: angles, with their gradient
         return kernel.rope_bwd(*grads, q, k, e)
-    leaves = [q.detach().requires_grad_(), k.detach().requires_grad_(),
-              cos.detach().requires_grad_(mode == "bwd"), sin.detach().requires_grad_(mode == "bwd")]
+    leaves = [
+        q.detach().requires_grad_(),
+        k.detach().requires_grad_(),
+        cos.detach().requires_grad_(mode == "bwd"),
+        sin.detach().requires_grad_(mode == "bwd"),
+    ]
     outs = kernel.apply_rotary_pos_emb_vision(*leaves)
     want = leaves if mode == "bwd" else leaves[:2]
     return torch.autograd.grad(outs, want, grads)
@@ -103,8 +157,11 @@ def _check(mode, got, q, k, grads, e, cos, sin, dtype):
 
 
 CASES = [  # (layout, tables, mode, dtype, heads, head_dim)
-    *[("qkv", "contiguous", m, dt, 16, 72) for m in ("fwd", "bwd_qk", "bwd")
-      for dt in (torch.bfloat16, torch.float16, torch.float32)],
+    *[
+        ("qkv", "contiguous", m, dt, 16, 72)
+        for m in ("fwd", "bwd_qk", "bwd")
+        for dt in (torch.bfloat16, torch.float16, torch.float32)
+    ],
     ("qkv", "contiguous", "bwd_qk", torch.bfloat16, 16, 80),
     ("qkv", "expanded", "bwd_qk", torch.bfloat16, 16, 72),
     ("contiguous", "contiguous", "bwd_qk", torch.bfloat16, 16, 72),
@@ -115,8 +172,9 @@ CASES = [  # (layout, tables, mode, dtype, heads, head_dim)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="records the Triton launches of CPU tensors: needs TRITON_INTERPRET=1")
-@pytest.mark.parametrize("layout,tables,mode,dtype,H,D", CASES,
-                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{str(c[3])[6:]}-D{c[5]}" for c in CASES])
+@pytest.mark.parametrize(
+    "layout,tables,mode,dtype,H,D", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-{str(c[3])[6:]}-D{c[5]}" for c in CASES]
+)
 def test_bounded_compilations(kernel, gen, monkeypatch, layout, tables, mode, dtype, H, D):
     rt = _rotary_triton(kernel)
     recorder = Recorder(rt.rotary_kernel)
@@ -157,6 +215,7 @@ def test_plan_cache_does_not_grow_with_sizes(kernel, gen):
 
 
 # ------------------------------------------------------------------------ GPU
+
 
 @pytest.fixture
 def rotary_compiles():
@@ -221,6 +280,7 @@ def test_sdpa_layout_compiles_once_per_bucket_gpu(kernel, gen, rotary_compiles):
 
 
 # -------------------------------------------------------------- torch.compile
+
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compile_dynamic_new_sizes_recompile_nothing(kernel, gen, device, rotary_compiles_if_cuda):
@@ -324,6 +384,8 @@ def test_qwen_call_shares_one_configuration_across_buckets(kernel, monkeypatch):
     monkeypatch.setattr(tuning, "_device_props", lambda device: ("NVIDIA H200", 132))
     for mode in ("fwd", "bwd_qk"):
         for D in (72, 80):
-            configs = {tuple(tuning.config_for(mode, S, 16, 16, D, 2, torch.device("cpu")).items())
-                       for S in (1, 256, 257, 1024, 4096, 16384, 16385, 70001)}
+            configs = {
+                tuple(tuning.config_for(mode, S, 16, 16, D, 2, torch.device("cpu")).items())
+                for S in (1, 256, 257, 1024, 4096, 16384, 16385, 70001)
+            }
             assert len(configs) == 1, f"{mode} head_dim {D}: {configs}"

@@ -39,8 +39,7 @@ def kernelized_model(kernel, device):
     repo = LocalLayerRepository(repo_path=Path(REPO_ROOT), layer_name=integrations.LAYER_NAME)
     with use_kernel_mapping({integrations.LAYER_NAME: {device.type: repo}}):
         model = kernelize(model, mode=Mode.TRAINING, device=device.type, use_fallback=False)
-    layer = getattr(e2e.importlib.import_module(f"transformers.models.{FAMILY}.modeling_{FAMILY}"),
-                    "apply_rotary_pos_emb_vision")
+    layer = e2e.importlib.import_module(f"transformers.models.{FAMILY}.modeling_{FAMILY}").apply_rotary_pos_emb_vision
     assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward, "not kernelized"
     return model
 

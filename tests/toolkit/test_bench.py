@@ -51,8 +51,13 @@ def test_quick_bench_writes_json_markdown_and_plot(quick_run):
     assert all(w["results"]["ours_bwd"]["time"]["other"] is None for w in run["workloads"])
 
     md = files["markdown"].read_text()
-    for heading in ("Mean over 2 measured workloads", "Backward, fp32", "Verification", "Not measured",
-                    "| mean us by the other timer |"):
+    for heading in (
+        "Mean over 2 measured workloads",
+        "Backward, fp32",
+        "Verification",
+        "Not measured",
+        "| mean us by the other timer |",
+    ):
         assert heading in md
     assert "![time and achieved bandwidth against S](bench.png)" in md
     assert files["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -87,8 +92,10 @@ def test_markdown_states_the_flush_check(quick_run):
     run = json.loads(files["json"].read_text())
     run["flush_check"] = {"bytes": 16 << 20, "us": {"fresh": 5.34, "after_evict_last_read": 5.38}, "ratio": 5.38 / 5.34}
     md = bench.render_markdown([run])
-    assert ("Cold-L2 check: a copy of 16 MiB after the flush takes 5.34 us on fresh buffers and 5.38 us when its "
-            "source was read with evict_last priority before (1.01x;") in md
+    assert (
+        "Cold-L2 check: a copy of 16 MiB after the flush takes 5.34 us on fresh buffers and 5.38 us when its "
+        "source was read with evict_last priority before (1.01x;"
+    ) in md
 
 
 def test_suite_summary_is_mean_time_over_mean_floor():
@@ -100,8 +107,14 @@ def test_suite_summary_is_mean_time_over_mean_floor():
         if i:  # a peer missing on one workload gets no suite figure
             results["eager_bwd"] = {"time": {"mean_us": 1.0}}
         workloads.append({"set": "suite", "S": S, "floors": floors, "results": results})
-    workloads.append({"set": "scaling", "S": 65536, "floors": {"bwd": {"us": 1e6}},
-                      "results": {"ours_bwd": {"time": {"mean_us": 1.0}}}})
+    workloads.append(
+        {
+            "set": "scaling",
+            "S": 65536,
+            "floors": {"bwd": {"us": 1e6}},
+            "results": {"ours_bwd": {"time": {"mean_us": 1.0}}},
+        }
+    )
     summary = bench.summarize({"impls": impls, "workloads": workloads})
     assert summary["over"] == "the 16 public workloads"
     assert list(summary["impls"]) == ["ours_bwd"]
@@ -115,6 +128,7 @@ def test_suite_summary_is_mean_time_over_mean_floor():
 
 # ------------------------------------------------------------------ the timer
 
+
 def _act(name, start, end, stream=7):
     return Activity(name, start, end, stream)
 
@@ -123,7 +137,9 @@ def test_split_spans_covers_every_activity_between_flushes():
     acts = [
         _act("sleep_before_the_first_flush", 0, 5),  # not ours: ignored
         _act(FLUSH_KERNEL, 10, 20),
-        _act("kernel_a", 21, 25), _act("Memcpy DtoD (Device -> Device)", 26, 30), _act("kernel_b", 31, 40),
+        _act("kernel_a", 21, 25),
+        _act("Memcpy DtoD (Device -> Device)", 26, 30),
+        _act("kernel_b", 31, 40),
         _act(FLUSH_KERNEL, 50, 60),  # nothing ran after this one
         _act(FLUSH_KERNEL, 70, 80),
         _act("Memset (Device)", 82, 83),
@@ -135,8 +151,12 @@ def test_split_spans_covers_every_activity_between_flushes():
 @pytest.mark.parametrize("case", ["empty", "fewer flushes", "more flushes", "other stream"])
 def test_split_spans_refuses_a_timeline_it_cannot_attribute(case):
     acts = [_act(FLUSH_KERNEL, 0, 1), _act("k", 2, 3), _act(FLUSH_KERNEL, 4, 5), _act("k", 6, 7)]
-    flushes, match = {"empty": (2, "no GPU activity"), "fewer flushes": (3, "cannot be split"),
-                      "more flushes": (1, "cannot be split"), "other stream": (2, "another stream")}[case]
+    flushes, match = {
+        "empty": (2, "no GPU activity"),
+        "fewer flushes": (3, "cannot be split"),
+        "more flushes": (1, "cannot be split"),
+        "other stream": (2, "another stream"),
+    }[case]
     if case == "empty":
         acts = []
     if case == "other stream":
@@ -255,8 +275,11 @@ def test_span_refuses_calls_it_cannot_segment(gpu_timers, case):
         with torch.cuda.stream(side):
             x.zero_()
 
-    fn, match = {"extra flush": (timer._zero, "cannot be split"), "no GPU work": (lambda: None, "no GPU work"),
-                 "other stream": (other_stream, "another stream")}[case]
+    fn, match = {
+        "extra flush": (timer._zero, "cannot be split"),
+        "no GPU work": (lambda: None, "no GPU work"),
+        "other stream": (other_stream, "another stream"),
+    }[case]
     with pytest.raises(RuntimeError, match=match):
         timer(fn)
     torch.cuda.synchronize()

@@ -53,8 +53,11 @@ def test_rebuild_writes_only_what_differs(tmp_path):
 
 def test_variants_hold_the_package_and_generated_files(variants):
     assert set(variants) == {"torch-cpu", "torch-cuda"}
-    shipped = {p.relative_to(REPO_ROOT / "torch-ext" / "rope_bwd") for p in (REPO_ROOT / "torch-ext" / "rope_bwd").rglob("*")
-               if p.is_file() and p.suffix in (".py", ".json") and "__pycache__" not in p.parts}
+    shipped = {
+        p.relative_to(REPO_ROOT / "torch-ext" / "rope_bwd")
+        for p in (REPO_ROOT / "torch-ext" / "rope_bwd").rglob("*")
+        if p.is_file() and p.suffix in (".py", ".json") and "__pycache__" not in p.parts
+    }
     for name, path in variants.items():
         files = {p.relative_to(path) for p in path.rglob("*") if p.is_file()}
         assert shipped <= files
@@ -121,8 +124,10 @@ print("triton imported:", "triton" in sys.modules)
 """
 
 
-@pytest.mark.skipif(torch.version.cuda is not None,
-                    reason="a CUDA build of torch needs Triton itself; Triton-less machines run its CPU build")
+@pytest.mark.skipif(
+    torch.version.cuda is not None,
+    reason="a CUDA build of torch needs Triton itself; Triton-less machines run its CPU build",
+)
 def test_loads_and_compiles_without_triton(tmp_path):
     """CPU machines need no Triton: the package loads through get_kernel, runs forward and
     backward eagerly and torch.compile'd (same results), imports no Triton and logs nothing
@@ -135,8 +140,9 @@ def test_loads_and_compiles_without_triton(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(LOCAL_KERNELS=f"{repo_id()}={REPO_ROOT}", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TRITON, repo_id()], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TRITON, repo_id()], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr
     eager, compiled, imported = proc.stdout.strip().splitlines()[-3:]
     assert eager == compiled

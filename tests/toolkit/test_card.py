@@ -10,7 +10,7 @@ def test_card_is_readmes_card_part():
     readme = (REPO_ROOT / "README.md").read_text()
     assert (REPO_ROOT / "CARD.md").read_text() == card.render(readme)
     body = readme.split(card.START)[1].split(card.END)[0]
-    assert "get_kernel(\"rope-bwd/rope-bwd\", version=1" in body and "## Performance" in body
+    assert 'get_kernel("rope-bwd/rope-bwd", version=1' in body and "## Performance" in body
     assert "](" not in body.replace("](https://", ""), "a relative link would break on the Hub page"
 
 

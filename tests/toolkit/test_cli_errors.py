@@ -26,7 +26,10 @@ CASES = [
     (["bench", "--head-dim", "7"], r"bench: error: argument --head-dim: must be even and in 2\.\.256, got 7"),
     (["bench", "--calls", "-1"], r"bench: error: argument --calls: must be a positive integer, got -1"),
     (["bench", "--peers", "eager,foo"], r"bench: error: argument --peers: unknown peers \['foo'\]"),
-    (["bench", "--tasks", "bwd,bwd_fp8"], r"bench: error: argument --tasks: unknown tasks \['bwd_fp8'\]; choose from bwd,"),
+    (
+        ["bench", "--tasks", "bwd,bwd_fp8"],
+        r"bench: error: argument --tasks: unknown tasks \['bwd_fp8'\]; choose from bwd,",
+    ),
     (["bench", "--from-json", "absent.json"], r"bench: error: argument --from-json: no such file: absent\.json"),
     (["realcall", "--peers", "copy,flash"], r"realcall: error: argument --peers: unknown peers \['flash'\]"),
     (["realcall", "--ab", "absent"], r"realcall: error: --ab: no build/ in absent"),
@@ -34,7 +37,10 @@ CASES = [
     (["e2e", "--varres", "--variants", "eager,jax"], r"e2e: error: argument --variants: unknown variants \['jax'\]"),
     (["e2e", "--from-json", "absent.json"], r"e2e: error: argument --from-json: no such file: absent\.json"),
     (["publish", "--dry-run", "--repo-id", "not a repo"], r"publish: error: argument --repo-id: Repo id must use"),
-    (["publish", "--dry-run", "--repo-id", "a/b/c"], r"publish: error: argument --repo-id: Repo id must be in the form"),
+    (
+        ["publish", "--dry-run", "--repo-id", "a/b/c"],
+        r"publish: error: argument --repo-id: Repo id must be in the form",
+    ),
     (["publish", "--dry-run", "--repo-id", "name"], r"publish: error: argument --repo-id: expected <namespace>/<name>"),
     (["e2e", "--tokens", "4096", "99"], r"e2e: error: --tokens: 99 tokens is not a square image"),
     (["e2e", "--iters", "7", "--rounds", "5"], r"e2e: error: --iters \(7\) must be a multiple of --rounds \(5\)"),
@@ -43,14 +49,26 @@ CASES = [
     (["tune", "--budget", "-1"], r"tune: error: argument --budget: must be a positive number, got -1"),
     (["ncu"], r"ncu: error: the following arguments are required: \{metrics,run,report\}"),
     (["ncu", "profile"], r"ncu: error: argument \{metrics,run,report\}: invalid choice: 'profile'"),
-    (["ncu", "report", "absent.csv", "--labels", "absent.json"], r"ncu report: error: argument csv: no such file: absent\.csv"),
+    (
+        ["ncu", "report", "absent.csv", "--labels", "absent.json"],
+        r"ncu report: error: argument csv: no such file: absent\.csv",
+    ),
     (["ncu", "run"], r"ncu run: error: the following arguments are required: --labels"),
     (["copybound", "--quick", "--json"], r"copybound: error: argument --json: expected one argument"),
 ]
-OUT_FLAGS = {"demo": ["--out"], "bench": ["--json", "--markdown", "--plot"], "e2e": ["--out"],
-             "realcall": ["--json", "--markdown", "--plot"], "coldstart": ["--json"], "host": [],
-             "tune": ["--out", "--log"], "publish": ["--to-cache"], "copybound": ["--json"],
-             "ncu": [], "ncu report": ["--markdown"]}
+OUT_FLAGS = {
+    "demo": ["--out"],
+    "bench": ["--json", "--markdown", "--plot"],
+    "e2e": ["--out"],
+    "realcall": ["--json", "--markdown", "--plot"],
+    "coldstart": ["--json"],
+    "host": [],
+    "tune": ["--out", "--log"],
+    "publish": ["--to-cache"],
+    "copybound": ["--json"],
+    "ncu": [],
+    "ncu report": ["--markdown"],
+}
 
 
 def outputs_into(argv, out):
@@ -82,24 +100,32 @@ def test_bad_values(capsys, tmp_path, argv, match):
 @pytest.mark.skipif(HAS_CUDA, reason="the machine has a CUDA GPU")
 def test_bench_on_cuda_without_one(capsys, tmp_path):
     out = tmp_path / "out"
-    expect_usage_error(capsys, outputs_into(["bench", "--device", "cuda"], out),
-                       r"bench: error: argument --device: cuda: this machine has no CUDA GPU")
+    expect_usage_error(
+        capsys,
+        outputs_into(["bench", "--device", "cuda"], out),
+        r"bench: error: argument --device: cuda: this machine has no CUDA GPU",
+    )
     assert not out.exists()
 
 
 @pytest.mark.skipif(HAS_CUDA or INTERPRET, reason="tune runs here")
 def test_tune_without_a_gpu_or_the_interpreter(capsys, tmp_path):
     out = tmp_path / "out"
-    expect_usage_error(capsys, outputs_into(["tune"], out), r"tune: error: tuning times the Triton kernel: it needs a CUDA GPU")
+    expect_usage_error(
+        capsys, outputs_into(["tune"], out), r"tune: error: tuning times the Triton kernel: it needs a CUDA GPU"
+    )
     assert not out.exists()
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the machine has a CUDA GPU")
-@pytest.mark.parametrize("argv,match", [
-    (["copybound"], r"copybound: error: copybound times Triton kernels: it needs a CUDA GPU"),
-    (["ncu", "run", "--labels"], r"ncu: error: ncu run launches our kernel on a CUDA GPU"),
-    (["host"], r"host: error: host times the launch path on a CUDA GPU"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["copybound"], r"copybound: error: copybound times Triton kernels: it needs a CUDA GPU"),
+        (["ncu", "run", "--labels"], r"ncu: error: ncu run launches our kernel on a CUDA GPU"),
+        (["host"], r"host: error: host times the launch path on a CUDA GPU"),
+    ],
+)
 def test_gpu_commands_without_one(capsys, tmp_path, argv, match):
     out = tmp_path / "out"
     argv = argv + [str(out / "labels.json")] if argv[-1] == "--labels" else outputs_into(argv, out)
@@ -110,15 +136,23 @@ def test_gpu_commands_without_one(capsys, tmp_path, argv, match):
 @pytest.mark.skipif(INTERPRET, reason="the interpreter is on")
 def test_copybound_quick_without_the_interpreter(capsys, tmp_path):
     out = tmp_path / "out"
-    expect_usage_error(capsys, outputs_into(["copybound", "--quick"], out),
-                       r"copybound: error: --quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1")
+    expect_usage_error(
+        capsys,
+        outputs_into(["copybound", "--quick"], out),
+        r"copybound: error: --quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1",
+    )
     assert not out.exists()
 
 
 def test_the_command_line_itself(tmp_path):
     """As a user runs it: status 2 and one line, no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "rope_bwd_triton", "demo", "--calls", "0", "--out", str(tmp_path / "o")],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rope_bwd_triton", "demo", "--calls", "0", "--out", str(tmp_path / "o")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "python -m rope_bwd_triton demo: error: argument --calls: must be a positive integer, got 0\n"
     assert not (tmp_path / "o").exists()

@@ -15,8 +15,14 @@ TASKS = {"bwd", "bwd_qk", "bwd_bf16", "fwd", "fwd_bf16"}
 def test_quick_run_writes_every_task(tmp_path):
     out = tmp_path / "copy_bound.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "rope_bwd_triton", "copybound", "--quick", "--json", str(out)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rope_bwd_triton", "copybound", "--quick", "--json", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = json.loads(out.read_text())
     assert run["meta"]["command"] == f"python -m rope_bwd_triton copybound --quick --json {out}"

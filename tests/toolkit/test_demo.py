@@ -13,8 +13,23 @@ from rope_bwd_triton import REPO_ROOT, bench, demo, suite
 
 def test_demo_runs_and_verifies(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "rope_bwd_triton", "demo", "--seq-lens", "3", "17", "--calls", "2", "--out", str(tmp_path)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "rope_bwd_triton",
+            "demo",
+            "--seq-lens",
+            "3",
+            "17",
+            "--calls",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "through kernels.get_kernel" in proc.stdout and "all workloads pass" in proc.stdout
@@ -41,8 +56,15 @@ def test_demo_table_on_a_gpu():
     assert nbytes == 4 * (6 * 4096 * 16 * 128 + 2 * 4096 * 128)
     floor = time_us(nbytes, 4120.0)
     assert floor == pytest.approx(49.884, abs=0.001)
-    row = {"S": 4096, "rel_err": 7e-8, "sol_pass": 1.0, "ok": True, "time_us": 61.0,
-           "floor_us": floor, "GBps": bandwidth_GBps(nbytes, 61.0)}
+    row = {
+        "S": 4096,
+        "rel_err": 7e-8,
+        "sol_pass": 1.0,
+        "ok": True,
+        "time_us": 61.0,
+        "floor_us": floor,
+        "GBps": bandwidth_GBps(nbytes, 61.0),
+    }
     lines = demo.table([row], "NVIDIA H200", 4120.0)
     assert lines[2].split() == ["4096", "7.00e-08", "100.0%", "61.0", "49.9", "1.22", "3369"]
     assert "floor 49.9 us (1.22x; copy bandwidth 4120 GB/s)" in lines[3]
@@ -54,14 +76,18 @@ def test_demo_table_on_a_gpu():
 def test_demo_verdict_takes_both_rules():
     """A workload passes within the tolerance and with SOL-ExecBench's rule met on >= 99% of
     its elements; ours failing to run fails the demo."""
+
     def run(rel_err, sol_pass):
         check = {"ok": rel_err <= suite.TOLERANCE["float32"], "max_rel_err": rel_err, "sol_pass_fraction": sol_pass}
         result = {"verify": check, "time": {"mean_us": 3.0}, "GBps": 5.0}
-        return {"meta": {"gpu": "G"},
-                "workloads": [{"S": 8, "floors": {"bwd": {"us": 2.0}}, "results": {"ours_bwd": result}}]}
+        return {
+            "meta": {"gpu": "G"},
+            "workloads": [{"S": 8, "floors": {"bwd": {"us": 2.0}}, "results": {"ours_bwd": result}}],
+        }
 
     assert demo.rows(run(1e-7, 1.0)) == [
-        {"S": 8, "rel_err": 1e-7, "sol_pass": 1.0, "ok": True, "time_us": 3.0, "floor_us": 2.0, "GBps": 5.0}]
+        {"S": 8, "rel_err": 1e-7, "sol_pass": 1.0, "ok": True, "time_us": 3.0, "floor_us": 2.0, "GBps": 5.0}
+    ]
     assert not demo.rows(run(1e-7, 0.98))[0]["ok"]
     assert not demo.rows(run(2e-5, 1.0))[0]["ok"]
     broken = run(1e-7, 1.0)

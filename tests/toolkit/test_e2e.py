@@ -21,7 +21,11 @@ def _quick_e2e(tmp_path, *flags):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "rope_bwd_triton", "e2e", "--quick", *flags, "--out", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return env, out, json.loads((out / "e2e.json").read_text())
@@ -30,7 +34,7 @@ def _quick_e2e(tmp_path, *flags):
 def test_e2e_quick(tmp_path):
     env, out, report = _quick_e2e(tmp_path, "--profile")
     assert report["meta"]["rounds"] * report["meta"]["steps_per_round"] == report["meta"]["iters"]
-    (n, row), = report["results_ms"].items()
+    ((n, row),) = report["results_ms"].items()
     assert set(row) == set(VARIANTS) and all(v > 0 for v in row.values())
     for v in VARIANTS:
         host = report["host_ms"][n][v]
@@ -60,7 +64,11 @@ def test_e2e_quick(tmp_path):
     # The saved JSON renders the same tables again.
     again = subprocess.run(
         [sys.executable, "-m", "rope_bwd_triton", "e2e", "--from-json", str(out / "e2e.json")],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert again.returncode == 0 and again.stdout.strip() == md.strip(), again.stderr
 
@@ -72,7 +80,7 @@ def test_e2e_quick_compiled(tmp_path):
     into its own kernels, so no event names it (test_compile checks that code)."""
     _, out, report = _quick_e2e(tmp_path, "--compile", "--profile")
     assert report["meta"]["compile"] is True
-    (n, row), = report["results_ms"].items()
+    ((n, row),) = report["results_ms"].items()
     assert set(row) == set(VARIANTS) and all(v > 0 for v in row.values())
     frames = report["compiled_frames"][n]
     assert frames["warm-up"] > 0 and frames["timed"] == 0
@@ -80,12 +88,16 @@ def test_e2e_quick_compiled(tmp_path):
     assert (profile["kernelized"]["rotary_launches"] > 0) == (report["meta"]["gpu"] is not None)
     assert profile["eager"]["rotary_launches"] == profile["identity"]["rotary_launches"] == 0
     md = (out / "e2e.md").read_text()
-    assert "every variant torch.compile'd" in md and f"{n} tokens {frames['warm-up']} in the warm-up, 0 while timed" in md
+    assert (
+        "every variant torch.compile'd" in md and f"{n} tokens {frames['warm-up']} in the warm-up, 0 while timed" in md
+    )
 
 
 def test_paired_vs_bound():
     """Round by round: drift that hits both variants of a round cancels."""
-    report = {"round_medians_ms": {4096: {"kernelized": [10.2, 21.0, 10.5, 31.0], "identity": [10.0, 20.0, 10.0, 30.0]}}}
+    report = {
+        "round_medians_ms": {4096: {"kernelized": [10.2, 21.0, 10.5, 31.0], "identity": [10.0, 20.0, 10.0, 30.0]}}
+    }
     median, within, rounds = e2e.paired_vs_bound(report, 4096)
     assert rounds == 4 and within == 1  # +2%, +5%, +5%, +3.3%: only the first is within 3%
     assert abs(median - (0.05 + 1 / 30) / 2) < 1e-12
@@ -127,9 +139,26 @@ def test_varres_quick(tmp_path):
     env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"), HF_HUB_CACHE=str(tmp_path / "hub"))
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "rope_bwd_triton", "e2e", "--varres", "--quick", "--varres-sides", "4", "6",
-         "--variants", "eager,kernelized", "--out", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "rope_bwd_triton",
+            "e2e",
+            "--varres",
+            "--quick",
+            "--varres-sides",
+            "4",
+            "6",
+            "--variants",
+            "eager,kernelized",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "e2e-varres.json").read_text())

@@ -17,8 +17,22 @@ from rope_bwd_triton import REPO_ROOT
 # its ci-test installs kernels and sets LOCAL_KERNELS, which tests/conftest.py relies on.
 KERNEL_BUILDER = "18c4d686a271ca6e56d0110fd36a9a5f58e86215"
 # The package outputs genKernelFlakeOutputs defines at that revision (nix-builder/lib/gen-flake-outputs.nix).
-FLAKE_OUTPUTS = {"archVariants", "backendBundle", "backendCi", "build-and-copy", "build-and-upload", "bundle", "ci",
-                 "ci-test", "ciTests", "default", "kernels", "pkgs", "redistributable", "variants"}
+FLAKE_OUTPUTS = {
+    "archVariants",
+    "backendBundle",
+    "backendCi",
+    "build-and-copy",
+    "build-and-upload",
+    "bundle",
+    "ci",
+    "ci-test",
+    "ciTests",
+    "default",
+    "kernels",
+    "pkgs",
+    "redistributable",
+    "variants",
+}
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 
 
@@ -43,7 +57,11 @@ def test_flake_lock_pins_kernel_builder():
     kb = nodes["kernel-builder"]
     assert kb["original"] == {"owner": "huggingface", "repo": "kernels", "type": "github"}
     assert (kb["locked"]["type"], kb["locked"]["owner"], kb["locked"]["repo"], kb["locked"]["rev"]) == (
-        "github", "huggingface", "kernels", KERNEL_BUILDER)
+        "github",
+        "huggingface",
+        "kernels",
+        KERNEL_BUILDER,
+    )
     for name, node in nodes.items():  # every input locked to a commit and a content hash
         if name != lock["root"]:
             assert re.fullmatch(r"[0-9a-f]{40}", node["locked"]["rev"]), name
@@ -85,7 +103,8 @@ def test_pull_requests_build_every_backend_and_run_the_kernels_ci_tests():
     assert jobs["build"]["strategy"]["matrix"]["backend"] == "${{ fromJSON(needs.backends.outputs.backends) }}"
     build = [s for s in jobs["build"]["steps"] if "run" in s]
     assert [(s["run"], s["env"]) for s in build] == [
-        ('nix build -L ".#backendCi.$BACKEND"', {"BACKEND": "${{ matrix.backend }}"})]
+        ('nix build -L ".#backendCi.$BACKEND"', {"BACKEND": "${{ matrix.backend }}"})
+    ]
     assert [s["run"] for s in jobs["test"]["steps"] if "run" in s] == ["nix run -L .#ci-test"]
 
 
@@ -95,8 +114,10 @@ def test_a_release_tag_builds_signs_then_uploads():
     (job,) = wf["jobs"].values()
     assert job["permissions"]["id-token"] == "write"  # keyless cosign
     scripts = [s.get("run", "") for s in job["steps"]]
-    order = [next(i for i, s in enumerate(scripts) if pattern in s)
-             for pattern in ("nix build -L .#bundle", "cosign sign-blob", "kernel-builder#kernel-builder -- upload")]
+    order = [
+        next(i for i, s in enumerate(scripts) if pattern in s)
+        for pattern in ("nix build -L .#bundle", "cosign sign-blob", "kernel-builder#kernel-builder -- upload")
+    ]
     assert order == sorted(order)
     assert 'cosign sign-blob "$metadata" --bundle "$metadata.sigstore"' in scripts[order[1]]  # what kernels verifies
     assert "--inputs-from ." in scripts[order[2]]  # the kernel-builder flake.lock pins
@@ -109,6 +130,7 @@ def test_release_refuses_a_tag_of_another_version(tag, ok):
     """The release's first check, run here as the workflow runs it (build.toml has version 1)."""
     (job,) = workflow("release.yaml")["jobs"].values()
     (check,) = [s for s in job["steps"] if s.get("name") == "Check that the tag names build.toml's version"]
-    proc = subprocess.run(["bash", "-ec", check["run"]], cwd=REPO_ROOT, env=dict(os.environ, TAG=tag),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["bash", "-ec", check["run"]], cwd=REPO_ROOT, env=dict(os.environ, TAG=tag), capture_output=True, text=True
+    )
     assert (proc.returncode == 0) == ok, proc.stdout + proc.stderr

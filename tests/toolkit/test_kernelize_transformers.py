@@ -116,13 +116,29 @@ def test_training_parity(kernel, integrations, family, dtype, built):
 
 @pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl"])
 def test_inference_parity(kernel, integrations, family):
-    check_parity(kernel, integrations, family, size="tiny", dtype=torch.bfloat16, device="cpu",
-                 mode=Mode.INFERENCE, built="after")
+    check_parity(
+        kernel,
+        integrations,
+        family,
+        size="tiny",
+        dtype=torch.bfloat16,
+        device="cpu",
+        mode=Mode.INFERENCE,
+        built="after",
+    )
 
 
 def test_compile_training_parity(kernel, integrations):
-    check_parity(kernel, integrations, "qwen3_omni_moe", size="tiny", dtype=torch.float32, device="cpu",
-                 mode=Mode.TRAINING | Mode.TORCH_COMPILE, built="before")
+    check_parity(
+        kernel,
+        integrations,
+        "qwen3_omni_moe",
+        size="tiny",
+        dtype=torch.float32,
+        device="cpu",
+        mode=Mode.TRAINING | Mode.TORCH_COMPILE,
+        built="before",
+    )
 
 
 @pytest.fixture
@@ -211,4 +227,3 @@ def test_attention_classes_found(kernel):
         "qwen2_5_vl": ["Qwen2_5_VLVisionAttention"],
         "qwen3_vl": ["Qwen3VLVisionAttention"],
     }
-

@@ -17,8 +17,10 @@ from rope_bwd_triton.build import read_config, repo_id
 # The CLI imports sigstore (signature checks): a machine without it cannot run these.
 pytest.importorskip("kernels.cli", reason="kernels' CLI needs its optional dependencies (sigstore)")
 
-CLI = ("import sys; from tests import offline; offline.install(); "
-       "from kernels.cli import main; sys.argv[0] = 'kernels'; sys.exit(main())")
+CLI = (
+    "import sys; from tests import offline; offline.install(); "
+    "from kernels.cli import main; sys.argv[0] = 'kernels'; sys.exit(main())"
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,9 @@ def kernels_cli(*args, cache, cwd):
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_KERNELS"}
     pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(cache), HF_HUB_CACHE=str(cache / "hub"), PYTHONPATH=pythonpath)
-    return subprocess.run([sys.executable, "-c", CLI, *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", CLI, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_info_describes_the_build(hub_cache, tmp_path):
@@ -43,24 +46,33 @@ def test_info_describes_the_build(hub_cache, tmp_path):
     general = read_config()["general"]
     info = json.loads(proc.stdout)
     assert (info["name"], info["version"], info["license"], info["python_depends"]) == (
-        general["name"], general["version"], general["license"], [])
+        general["name"],
+        general["version"],
+        general["license"],
+        [],
+    )
     assert info["backends"] == sorted(general["backends"])
 
 
-@pytest.mark.parametrize("command,reason", [
-    # moved out of the kernels CLI; kernel-builder's build runs its checks in hub CI
-    (["check"], "`kernels check` has moved to `kernel-builder check-abi`"),
-    # lists the version branch's build/ through the Hub API
-    (["versions", "{repo}"], "OfflineModeIsEnabled"),
-    # asks the Hub whether the publisher is trusted before anything else
-    (["verify-signature", "{repo}", "1"], "could not verify publisher trust status"),
-    (["lock", "{project}"], "could not verify publisher trust status"),
-], ids=["check", "versions", "verify-signature", "lock"])
+@pytest.mark.parametrize(
+    "command,reason",
+    [
+        # moved out of the kernels CLI; kernel-builder's build runs its checks in hub CI
+        (["check"], "`kernels check` has moved to `kernel-builder check-abi`"),
+        # lists the version branch's build/ through the Hub API
+        (["versions", "{repo}"], "OfflineModeIsEnabled"),
+        # asks the Hub whether the publisher is trusted before anything else
+        (["verify-signature", "{repo}", "1"], "could not verify publisher trust status"),
+        (["lock", "{project}"], "could not verify publisher trust status"),
+    ],
+    ids=["check", "versions", "verify-signature", "lock"],
+)
 def test_hub_commands_say_why_they_do_not_run_offline(hub_cache, tmp_path, command, reason):
     project = tmp_path / "project"  # a project that depends on the kernel, for `kernels lock`
     project.mkdir()
     (project / "pyproject.toml").write_text(
-        f'[project]\nname = "user"\nversion = "0"\n\n[tool.kernels.dependencies]\n"{repo_id()}" = 1\n')
+        f'[project]\nname = "user"\nversion = "0"\n\n[tool.kernels.dependencies]\n"{repo_id()}" = 1\n'
+    )
     args = [a.format(repo=repo_id(), project=project) for a in command]
     proc = kernels_cli(*args, cache=hub_cache, cwd=tmp_path)
     assert proc.returncode != 0 and reason in proc.stderr, proc.stderr[-2000:]

@@ -33,6 +33,7 @@ STEP_TOL = {"cpu": 1e-6, "cuda": 1e-5}
 
 # ------------------------------------------------------------- a second GPU
 
+
 @pytest.mark.gpu
 @needs_two_gpus
 def test_tensors_on_the_second_gpu(kernel, gen):
@@ -75,6 +76,7 @@ def test_cuda0_tensors_under_the_second_gpu(kernel, gen):
 
 # ------------------------------------------------- DDP and FSDP2 under torchrun
 
+
 def _reference(device):
     """Single process, transformers' eager rotary: outputs per rank, and the gradients of the
     mean of the ranks' losses (what DDP and FSDP2 average)."""
@@ -98,9 +100,24 @@ def distributed_run(request, kernel, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(WORKER), "--device", device, "--out", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(WORKER),
+            "--device",
+            device,
+            "--out",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     if device == "cuda":  # fp32 means fp32, as in the workers

@@ -34,12 +34,26 @@ def test_report_joins_labels_and_scales_each_metric(tmp_path, capsys):
     metrics = [m for m, _, _ in ncu.COLUMNS.values()]
     values = [{m: rnd.randint(1000, 10**9) for m in metrics} for _ in range(2)]
     (tmp_path / "ncu.csv").write_text(_ncu_csv(values))
-    labels = {"meta": {"gpu": "GPU X", "versions": {"torch": "2.x"}, "kernel_variant": "v"},
-              "kernels": [["bwd S=128 D=128", "ours"], ["bwd S=128 D=128", "torch.neg, same bytes"]]}
+    labels = {
+        "meta": {"gpu": "GPU X", "versions": {"torch": "2.x"}, "kernel_variant": "v"},
+        "kernels": [["bwd S=128 D=128", "ours"], ["bwd S=128 D=128", "torch.neg, same bytes"]],
+    }
     (tmp_path / "labels.json").write_text(json.dumps(labels))
     md = tmp_path / "ncu.md"
-    assert toolkit.main(["ncu", "report", str(tmp_path / "ncu.csv"), "--labels", str(tmp_path / "labels.json"),
-                         "--markdown", str(md)]) == 0
+    assert (
+        toolkit.main(
+            [
+                "ncu",
+                "report",
+                str(tmp_path / "ncu.csv"),
+                "--labels",
+                str(tmp_path / "labels.json"),
+                "--markdown",
+                str(md),
+            ]
+        )
+        == 0
+    )
     lines = md.read_text().splitlines()
     assert lines[0] == "Device: GPU X; torch 2.x; kernel variant `v`"
     rows = [line for line in lines if line.startswith("| bwd")]

@@ -84,8 +84,9 @@ def test_saved_models_load_in_a_fresh_process(kernel, integrations, tmp_path):
     saved["restored"] = saved["kernelized"]  # built while patched: still holds the layer
     torch.save((saved["restored"], inputs), tmp_path / "restored.pt")
 
-    proc = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path), *saved], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD, str(tmp_path), *saved], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = torch.load(tmp_path / "results.pt")
     assert set(results) == set(saved)
@@ -105,8 +106,11 @@ def test_loaded_in_a_patched_process(kernel, integrations):
     assert rel_err(outputs(loaded, inputs), ref) < TOL
     loaded = kernelized(integrations, loaded)
     layer = modeling().apply_rotary_pos_emb_vision
-    assert all(a._kernel_funcs[integrations.LAYER_NAME] is layer for a in loaded.modules()
-               if isinstance(a, modeling().Qwen3OmniMoeVisionAttention))
+    assert all(
+        a._kernel_funcs[integrations.LAYER_NAME] is layer
+        for a in loaded.modules()
+        if isinstance(a, modeling().Qwen3OmniMoeVisionAttention)
+    )
     assert rel_err(outputs(loaded, inputs), ref) < TOL
 
 

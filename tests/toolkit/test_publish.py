@@ -17,8 +17,15 @@ from huggingface_hub import metadata_load
 from rope_bwd_triton import REPO_ROOT, publish
 from rope_bwd_triton.build import repo_id
 
-VARIANT_FILES = {"__init__.py", "_ops.py", "metadata.json", "ops.py", "layers.py", "integrations.py",
-                 "rope_bwd/__init__.py"}
+VARIANT_FILES = {
+    "__init__.py",
+    "_ops.py",
+    "metadata.json",
+    "ops.py",
+    "layers.py",
+    "integrations.py",
+    "rope_bwd/__init__.py",
+}
 
 USER_CALLS = textwrap.dedent("""
     import sys
@@ -60,8 +67,11 @@ USER_CALLS = textwrap.dedent("""
 def _expected_layout(build):
     """{branch: paths in repo}, from what lies in benchmarks/ and the build folder."""
     benchmarks = [f"benchmarks/{p.name}" for p in (REPO_ROOT / "benchmarks").glob("benchmark*.py")]
-    build = [f"build/{p.relative_to(build).as_posix()}" for p in build.rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts]
+    build = [
+        f"build/{p.relative_to(build).as_posix()}"
+        for p in build.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
     return {"main": ["README.md"], "v1": sorted(benchmarks + build)}
 
 
@@ -71,13 +81,17 @@ def test_operations_are_kernel_builders_layout():
     assert ops["main"] == [(REPO_ROOT / "CARD.md", "README.md")]
     dests = [rel for _, rel in ops["v1"]]
     assert dests == _expected_layout(REPO_ROOT / "build")["v1"]
-    assert "benchmarks/benchmark.py" in dests and not any(d.startswith("benchmarks/") and "benchmark" not in d
-                                                         for d in dests)
+    assert "benchmarks/benchmark.py" in dests and not any(
+        d.startswith("benchmarks/") and "benchmark" not in d for d in dests
+    )
     for variant in ("torch-cpu", "torch-cuda"):
         assert {f"build/{variant}/{name}" for name in VARIANT_FILES} <= set(dests)
     assert not any("__pycache__" in d or d.endswith(".pyc") for d in dests)
-    assert publish.stale_patterns(ops["v1"]) == ["build/torch-cpu/**", "build/torch-cuda/**",
-                                                 "benchmarks/benchmark*.py"]
+    assert publish.stale_patterns(ops["v1"]) == [
+        "build/torch-cpu/**",
+        "build/torch-cuda/**",
+        "benchmarks/benchmark*.py",
+    ]
 
 
 def test_card_is_a_kernels_card():
@@ -122,10 +136,17 @@ def test_offline_cache_mirrors_the_upload_and_serves_the_user_calls(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "TRITON_INTERPRET")}
     # Keep the caller's PYTHONPATH: on the GPU machine kernels itself is installed through it.
     pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path), HF_HUB_CACHE=str(tmp_path / "hub"),
-               PYTHONPATH=pythonpath)
-    proc = subprocess.run([sys.executable, "-c", USER_CALLS.format(repo=repo_id())], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    env.update(
+        HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path), HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=pythonpath
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", USER_CALLS.format(repo=repo_id())],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"loaded from {snapshots['v1']}/build/torch-" in proc.stdout
     assert "rope_bwd matches float64" in proc.stdout

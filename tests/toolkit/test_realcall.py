@@ -12,15 +12,36 @@ from rope_bwd_triton import REPO_ROOT, realcall
 def test_realcall_quick_verifies_ours_and_an_ab_build(tmp_path):
     out = tmp_path / "rc"
     proc = subprocess.run(
-        [sys.executable, "-m", "rope_bwd_triton", "realcall", "--quick", "--peers", "copy,transformers",
-         "--dtypes", "bfloat16", "float16",
-         "--ab", str(REPO_ROOT), "--json", str(out / "rc.json"), "--markdown", str(out / "rc.md"),
-         "--plot", str(out / "rc.png")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "rope_bwd_triton",
+            "realcall",
+            "--quick",
+            "--peers",
+            "copy,transformers",
+            "--dtypes",
+            "bfloat16",
+            "float16",
+            "--ab",
+            str(REPO_ROOT),
+            "--json",
+            str(out / "rc.json"),
+            "--markdown",
+            str(out / "rc.md"),
+            "--plot",
+            str(out / "rc.png"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = json.loads((out / "rc.json").read_text())
     assert {(w["dtype"], w["layout"], w["S"]) for w in run["workloads"]} == {
-        (dt, lay, S) for dt in ("bfloat16", "float16") for lay in realcall.LAYOUTS for S in (8, 33)}
+        (dt, lay, S) for dt in ("bfloat16", "float16") for lay in realcall.LAYOUTS for S in (8, 33)
+    }
     for w in run["workloads"]:
         assert set(w["results"]) == {"ours", "ab", "transformers", "copy"}
         assert all(r["verify"]["ok"] for r in w["results"].values())
@@ -41,6 +62,11 @@ def test_coldstart_needs_a_gpu():
 
     if torch.cuda.is_available():
         pytest.skip("checks the message on a machine without CUDA")
-    proc = subprocess.run([sys.executable, "-m", "rope_bwd_triton", "coldstart"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rope_bwd_triton", "coldstart"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

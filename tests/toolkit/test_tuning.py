@@ -57,7 +57,9 @@ def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
     assert tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu")) == tuned
     # another S of the same bucket shares the entry; another dtype is another bucket
     assert tuning.config_for("bwd", 4096, H, H, D, 4, torch.device("cpu")) == tuned
-    assert tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config("bwd", 4096, 2 * H, D, 2, 132)
+    assert tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config(
+        "bwd", 4096, 2 * H, D, 2, 132
+    )
 
 
 @pytest.mark.kernels_ci
@@ -79,7 +81,9 @@ def test_falls_back_to_default_config(tuning, tmp_path, case):
     S, H, D = 1024, 16, 72
     if case == "unknown bucket":
         other = tuning.bucket("fwd", S, 2 * H, 128, 4)
-        (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({other: {"BLOCK_S": 8, "BLOCK_D": 8, "BLOCK_R": 2, "num_warps": 1}}))
+        (tmp_path / "Fake_GPU_9000.json").write_text(
+            json.dumps({other: {"BLOCK_S": 8, "BLOCK_D": 8, "BLOCK_R": 2, "num_warps": 1}})
+        )
     cfg = tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu"))
     assert cfg == tuning.default_config("bwd", tuning.bucket_size(tuning.s_bucket(S)), 2 * H, D, 4, 132)
 
@@ -155,9 +159,33 @@ def _tune(tmp_path, *options, device="cpu"):
     """Run the tune command on one bucket (bwd fp32, head_dim 16, 2+2 heads, S=5) writing into
     tmp_path (as <device>.json: the table file of a GPU named so); returns the table and the log."""
     out, log = tmp_path / f"{device}.json", tmp_path / "log.json"
-    cmd = [sys.executable, "-m", "rope_bwd_triton", "tune", "--modes", "bwd", "--dtypes", "float32",
-           "--head-dims", "16", "--heads", "2", "--s-buckets", "S256", "--seq-lens", "5", "--calls", "1",
-           "--device", device, "--out", str(out), "--log", str(log), *options]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rope_bwd_triton",
+        "tune",
+        "--modes",
+        "bwd",
+        "--dtypes",
+        "float32",
+        "--head-dims",
+        "16",
+        "--heads",
+        "2",
+        "--s-buckets",
+        "S256",
+        "--seq-lens",
+        "5",
+        "--calls",
+        "1",
+        "--device",
+        device,
+        "--out",
+        str(out),
+        "--log",
+        str(log),
+        *options,
+    ]
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -70,8 +70,7 @@ def _asked(saved, need_q, need_k):
     """Tensors shaped like B's outputs where they are asked for, else None."""
     gq, gk, q, _, table, sin = saved
     grad_table = q is not None
-    return (gq if need_q else None, gk if need_k else None,
-            table if grad_table else None, sin if grad_table else None)
+    return (gq if need_q else None, gk if need_k else None, table if grad_table else None, sin if grad_table else None)
 
 
 def adjoint_jvp(B, saved, need_q, need_k, tangents):
@@ -126,6 +125,7 @@ def vmap_folded(fn, batch_size, in_dims, tensors, *rest):
     the token dimension S, and tokens are independent, so sample b becomes token rows
     b*S .. b*S + S - 1. An argument without the batch dimension is expanded (a table's
     gradient is then one per sample, as vmap asks). Returns (outputs, out_dims)."""
+
     def fold(t, dim):
         if t is None:
             return None
@@ -135,5 +135,7 @@ def vmap_folded(fn, batch_size, in_dims, tensors, *rest):
     folded = [fold(t, dim) for t, dim in zip(tensors, in_dims)]
     S = folded[0].shape[0] // batch_size
     outs = fn(*folded, *rest)
-    return (tuple(None if o is None else o.unflatten(0, (batch_size, S)) for o in outs),
-            tuple(None if o is None else 0 for o in outs))
+    return (
+        tuple(None if o is None else o.unflatten(0, (batch_size, S)) for o in outs),
+        tuple(None if o is None else 0 for o in outs),
+    )

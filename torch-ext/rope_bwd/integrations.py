@@ -70,8 +70,11 @@ def _attention_classes(module) -> list:
         return code is not None and _FUNC_NAME in code.co_names
 
     return [
-        cls for cls in vars(module).values()
-        if inspect.isclass(cls) and issubclass(cls, nn.Module) and cls.__module__ == module.__name__
+        cls
+        for cls in vars(module).values()
+        if inspect.isclass(cls)
+        and issubclass(cls, nn.Module)
+        and cls.__module__ == module.__name__
         and calls_rotary(cls)
     ]
 

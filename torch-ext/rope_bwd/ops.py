@@ -44,7 +44,10 @@ def _use_triton(q: Tensor, k: Tensor, table: Tensor) -> bool:
     q, k or the table is float64: the kernel computes in float32, so float64 (gradcheck,
     references) runs the PyTorch path, on any device. q/k's gradients share their dtypes."""
     return (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") and torch.float64 not in (
-        q.dtype, k.dtype, table.dtype)
+        q.dtype,
+        k.dtype,
+        table.dtype,
+    )
 
 
 @functools.cache
@@ -80,6 +83,7 @@ def _triton_op(name):
     """torch.library.triton_op(<namespace>::name). Defining one looks for Triton kernels in
     the function and logs a warning when Triton cannot be imported: CPU machines need no
     Triton (traced, the op is rotary_torch's math there), so that warning is kept quiet."""
+
     def define(fn):
         log = logging.getLogger("torch._library.triton")
         level = log.level
@@ -88,6 +92,7 @@ def _triton_op(name):
             return torch.library.triton_op(add_op_namespace_prefix(name), mutates_args=())(fn)
         finally:
             log.setLevel(level)
+
     return define
 
 
@@ -113,6 +118,7 @@ def _empty_like(t: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- forward op
 
+
 def _rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     if not _use_triton(q, k, table):
         return rotary_torch.forward(q, k, table, sin)
@@ -137,6 +143,7 @@ def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor]) -> tu
 
 # --------------------------------------------------------------- backward op
 
+
 def _bwd_outputs(gq, gk, q, table, sin, need_q, need_k):
     """(dq, dk, dtable, dsin): new tensors for what is asked for, None for the rest."""
     table_grad = q is not None
@@ -154,8 +161,14 @@ def _markers(outs, likes):
 
 
 def _rotary_bwd_eager(
-    gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
-    table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
+    gq: Tensor,
+    gk: Tensor,
+    q: Optional[Tensor],
+    k: Optional[Tensor],
+    table: Tensor,
+    sin: Optional[Tensor],
+    need_q: bool,
+    need_k: bool,
 ) -> tuple[Optional[Tensor], ...]:
     """The backward; None for the outputs not asked for (the op returns empty tensors)."""
     if not _use_triton(gq, gk, table):
@@ -166,8 +179,14 @@ def _rotary_bwd_eager(
 
 
 def _rotary_bwd(
-    gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
-    table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
+    gq: Tensor,
+    gk: Tensor,
+    q: Optional[Tensor],
+    k: Optional[Tensor],
+    table: Tensor,
+    sin: Optional[Tensor],
+    need_q: bool,
+    need_k: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _markers(_rotary_bwd_eager(gq, gk, q, k, table, sin, need_q, need_k), (gq, gk, table, table))
 
@@ -182,23 +201,40 @@ def _(gq, gk, q, k, table, sin, need_q, need_k):
 
 @_triton_op("rotary_bwd")
 def rotary_bwd(
-    gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor],
-    table: Tensor, sin: Optional[Tensor], need_q: bool, need_k: bool,
+    gq: Tensor,
+    gk: Tensor,
+    q: Optional[Tensor],
+    k: Optional[Tensor],
+    table: Tensor,
+    sin: Optional[Tensor],
+    need_q: bool,
+    need_k: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     fn = _rotary_bwd_opaque if _opaque_in_trace(gq, gk, q, k, table, sin) else _rotary_bwd
     return fn(gq, gk, q, k, table, sin, need_q, need_k)
 
 
-@torch.library.custom_op(
-    add_op_namespace_prefix("rope_bwd_out"), mutates_args=("grad_q", "grad_k", "grad_embeddings")
-)
+@torch.library.custom_op(add_op_namespace_prefix("rope_bwd_out"), mutates_args=("grad_q", "grad_k", "grad_embeddings"))
 def rope_bwd_out(
-    grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor,
-    grad_q: Tensor, grad_k: Tensor, grad_embeddings: Tensor,
+    grad_q_embed: Tensor,
+    grad_k_embed: Tensor,
+    q: Tensor,
+    k: Tensor,
+    embeddings: Tensor,
+    grad_q: Tensor,
+    grad_k: Tensor,
+    grad_embeddings: Tensor,
 ) -> None:
     check_out_memory(
-        "rope_bwd", [("grad_q", grad_q), ("grad_k", grad_k), ("grad_embeddings", grad_embeddings)],
-        [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed), ("q", q), ("k", k), ("embeddings", embeddings)],
+        "rope_bwd",
+        [("grad_q", grad_q), ("grad_k", grad_k), ("grad_embeddings", grad_embeddings)],
+        [
+            ("grad_q_embed", grad_q_embed),
+            ("grad_k_embed", grad_k_embed),
+            ("q", q),
+            ("k", k),
+            ("embeddings", embeddings),
+        ],
     )
     if not _use_triton(q, k, embeddings):
         dq, dk, de, _ = rotary_torch.backward(grad_q_embed, grad_k_embed, q, k, embeddings)
@@ -207,7 +243,16 @@ def rope_bwd_out(
         grad_embeddings.copy_(de)
         return
     _launch(
-        grad_q_embed, grad_k_embed, grad_q, grad_k, q, k, embeddings, None, grad_embeddings, None,
+        grad_q_embed,
+        grad_k_embed,
+        grad_q,
+        grad_k,
+        q,
+        k,
+        embeddings,
+        None,
+        grad_embeddings,
+        None,
         adjoint=True,
     )
 
@@ -227,6 +272,7 @@ def _(grad_q_embed, grad_k_embed, q, k, embeddings, grad_q, grad_k, grad_embeddi
 # The backward is differentiable in turn (double backward, torch.func.hessian): under
 # create_graph it runs as _RotaryGrad (eager) or the rotary_bwd op, whose own backward and
 # jvp are derivatives.py's sums of calls of the same maps.
+
 
 def _transforms_active() -> bool:
     """torch.func transforms (grad, vmap, jvp, ...) or a forward-mode AD level are live."""
@@ -321,8 +367,15 @@ def _grad_setup_context(ctx, inputs, output):
 
 
 def _grad_backward(ctx, vq, vk, v_table, v_sin):
-    grads = derivatives.adjoint_vjp(_rotary, _rotary_grad, ctx.saved_tensors, ctx.need_q, ctx.need_k,
-                                    ctx.needs_input_grad[:6], (vq, vk, v_table, v_sin))
+    grads = derivatives.adjoint_vjp(
+        _rotary,
+        _rotary_grad,
+        ctx.saved_tensors,
+        ctx.need_q,
+        ctx.need_k,
+        ctx.needs_input_grad[:6],
+        (vq, vk, v_table, v_sin),
+    )
     return (*grads, None, None)
 
 
@@ -351,10 +404,12 @@ class _RotaryGrad(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, gq, gk, q, k, table, sin, need_q, need_k):
         return derivatives.vmap_folded(
-            _rotary_grad, info.batch_size, in_dims[:6], (gq, gk, q, k, table, sin), need_q, need_k)
+            _rotary_grad, info.batch_size, in_dims[:6], (gq, gk, q, k, table, sin), need_q, need_k
+        )
 
 
 # ------------------------------------------------------------ public functions
+
 
 def _rotary_angles(fn, q, k, embeddings):
     check_inputs(fn, [("q", q), ("k", k)], [("embeddings", embeddings)])
@@ -393,8 +448,16 @@ def apply_rotary_pos_emb_vision(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) 
     return _rotary(q, k, cos, sin)
 
 
-_OUT_AND_INPUTS = ("out[grad_q]", "out[grad_k]", "out[grad_embeddings]", "grad_q_embed", "grad_k_embed", "q", "k",
-                   "embeddings")
+_OUT_AND_INPUTS = (
+    "out[grad_q]",
+    "out[grad_k]",
+    "out[grad_embeddings]",
+    "grad_q_embed",
+    "grad_k_embed",
+    "q",
+    "k",
+    "embeddings",
+)
 
 
 def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, out=None):
@@ -413,7 +476,9 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
     with a ValueError; under torch.no_grad() it is accepted."""
     fn = "rope_bwd"
     check_inputs(
-        fn, [("q", q), ("k", k)], [("embeddings", embeddings)],
+        fn,
+        [("q", q), ("k", k)],
+        [("embeddings", embeddings)],
         [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed)],
     )
     if out is None:
@@ -422,9 +487,13 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
         dq, dk, de, _ = bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True)
         return dq, dk, de
     check_out(
-        fn, out,
-        [("grad_q", q.shape, q.dtype, q.device), ("grad_k", k.shape, k.dtype, k.device),
-         ("grad_embeddings", embeddings.shape, embeddings.dtype, embeddings.device)],
+        fn,
+        out,
+        [
+            ("grad_q", q.shape, q.dtype, q.device),
+            ("grad_k", k.shape, k.dtype, k.device),
+            ("grad_embeddings", embeddings.shape, embeddings.dtype, embeddings.device),
+        ],
     )
     check_out_autograd(fn, _OUT_AND_INPUTS, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))
     rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out)

@@ -98,28 +98,86 @@ def _stride(S, st: tl.constexpr):
 
 
 STRIDES = (  # stride parameters of rotary_kernel, in order: 3 per [S, H, D] tensor, 2 per table
-    "sxq_s", "sxq_h", "sxq_d", "sxk_s", "sxk_h", "sxk_d",
-    "syq_s", "syq_h", "syq_d", "syk_s", "syk_h", "syk_d",
-    "spq_s", "spq_h", "spq_d", "spk_s", "spk_h", "spk_d",
-    "st0_s", "st0_d", "st1_s", "st1_d", "sg0_s", "sg0_d", "sg1_s", "sg1_d",
+    "sxq_s",
+    "sxq_h",
+    "sxq_d",
+    "sxk_s",
+    "sxk_h",
+    "sxk_d",
+    "syq_s",
+    "syq_h",
+    "syq_d",
+    "syk_s",
+    "syk_h",
+    "syk_d",
+    "spq_s",
+    "spq_h",
+    "spq_d",
+    "spk_s",
+    "spk_h",
+    "spk_d",
+    "st0_s",
+    "st0_d",
+    "st1_s",
+    "st1_d",
+    "sg0_s",
+    "sg0_d",
+    "sg1_s",
+    "sg1_d",
 )
 
 
 @triton.jit(do_not_specialize=["S"])
 def rotary_kernel(
-    X_q, X_k, Y_q, Y_k, P_q, P_k, T0, T1, G0, G1, S,
-    HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-    sxq_s: tl.constexpr, sxq_h: tl.constexpr, sxq_d: tl.constexpr,
-    sxk_s: tl.constexpr, sxk_h: tl.constexpr, sxk_d: tl.constexpr,
-    syq_s: tl.constexpr, syq_h: tl.constexpr, syq_d: tl.constexpr,
-    syk_s: tl.constexpr, syk_h: tl.constexpr, syk_d: tl.constexpr,
-    spq_s: tl.constexpr, spq_h: tl.constexpr, spq_d: tl.constexpr,
-    spk_s: tl.constexpr, spk_h: tl.constexpr, spk_d: tl.constexpr,
-    st0_s: tl.constexpr, st0_d: tl.constexpr, st1_s: tl.constexpr, st1_d: tl.constexpr,
-    sg0_s: tl.constexpr, sg0_d: tl.constexpr, sg1_s: tl.constexpr, sg1_d: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-    ADJOINT: tl.constexpr, ANGLES: tl.constexpr,
-    WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, GRAD_TABLE: tl.constexpr, ROW_STORE: tl.constexpr,
+    X_q,
+    X_k,
+    Y_q,
+    Y_k,
+    P_q,
+    P_k,
+    T0,
+    T1,
+    G0,
+    G1,
+    S,
+    HQ: tl.constexpr,
+    HK: tl.constexpr,
+    HALF: tl.constexpr,
+    sxq_s: tl.constexpr,
+    sxq_h: tl.constexpr,
+    sxq_d: tl.constexpr,
+    sxk_s: tl.constexpr,
+    sxk_h: tl.constexpr,
+    sxk_d: tl.constexpr,
+    syq_s: tl.constexpr,
+    syq_h: tl.constexpr,
+    syq_d: tl.constexpr,
+    syk_s: tl.constexpr,
+    syk_h: tl.constexpr,
+    syk_d: tl.constexpr,
+    spq_s: tl.constexpr,
+    spq_h: tl.constexpr,
+    spq_d: tl.constexpr,
+    spk_s: tl.constexpr,
+    spk_h: tl.constexpr,
+    spk_d: tl.constexpr,
+    st0_s: tl.constexpr,
+    st0_d: tl.constexpr,
+    st1_s: tl.constexpr,
+    st1_d: tl.constexpr,
+    sg0_s: tl.constexpr,
+    sg0_d: tl.constexpr,
+    sg1_s: tl.constexpr,
+    sg1_d: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    ADJOINT: tl.constexpr,
+    ANGLES: tl.constexpr,
+    WRITE_Q: tl.constexpr,
+    WRITE_K: tl.constexpr,
+    GRAD_TABLE: tl.constexpr,
+    ROW_STORE: tl.constexpr,
 ):
     BLOCK_H: tl.constexpr = BLOCK_R // 2  # heads per side in one chunk
     # Strides of dimensions other than the tokens' may grow with S (see _encode).
@@ -153,10 +211,12 @@ def rotary_kernel(
     if not ANGLES:
         n1 = tl.load(T1 + s2 * st1_s + d2 * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
         n2 = tl.load(T1 + s2 * st1_s + (d2 + HALF) * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
-    xq1, xq2, pq1, pq2 = _load_side(xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, m_sd & (h < HQ),
-                                    READ_Q, GRAD_TABLE)
-    xk1, xk2, pk1, pk2 = _load_side(xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, m_sd & (h < HK),
-                                    READ_K, GRAD_TABLE)
+    xq1, xq2, pq1, pq2 = _load_side(
+        xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, m_sd & (h < HQ), READ_Q, GRAD_TABLE
+    )
+    xk1, xk2, pk1, pk2 = _load_side(
+        xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, m_sd & (h < HK), READ_K, GRAD_TABLE
+    )
     if ANGLES:
         c1 = tl.cos(t1)
         c2 = tl.cos(t2)
@@ -184,10 +244,8 @@ def rotary_kernel(
         mq = m_sd & (h < HQ)
         mk = m_sd & (h < HK)
         if h0 > 0:  # chunk 0 is loaded above; every load of both sides comes before any store
-            xq1, xq2, pq1, pq2 = _load_side(xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, mq,
-                                            READ_Q, GRAD_TABLE)
-            xk1, xk2, pk1, pk2 = _load_side(xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, mk,
-                                            READ_K, GRAD_TABLE)
+            xq1, xq2, pq1, pq2 = _load_side(xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, mq, READ_Q, GRAD_TABLE)
+            xk1, xk2, pk1, pk2 = _load_side(xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, mk, READ_K, GRAD_TABLE)
         if GRAD_TABLE:
             # grad_cos = sum g*p ; grad_sin = sum g*rotate_half(p), rotate_half(p) = (-p2, p1)
             # One reduction per quantity over both sides (masked heads hold zeros): half the
@@ -197,11 +255,27 @@ def rotary_kernel(
             gs1 -= tl.sum(xq1 * pq2 + xk1 * pk2, axis=1)
             gs2 += tl.sum(xq2 * pq1 + xk2 * pk1, axis=1)
         if WRITE_Q:
-            _store_halves(Y_q + s3 * syq_s + d3 * syq_d, syq_h, h, HALF * syq_d,
-                          xq1 * c1b + xq2 * a, xq2 * c2b + xq1 * b, mq, ROW_STORE)
+            _store_halves(
+                Y_q + s3 * syq_s + d3 * syq_d,
+                syq_h,
+                h,
+                HALF * syq_d,
+                xq1 * c1b + xq2 * a,
+                xq2 * c2b + xq1 * b,
+                mq,
+                ROW_STORE,
+            )
         if WRITE_K:
-            _store_halves(Y_k + s3 * syk_s + d3 * syk_d, syk_h, h, HALF * syk_d,
-                          xk1 * c1b + xk2 * a, xk2 * c2b + xk1 * b, mk, ROW_STORE)
+            _store_halves(
+                Y_k + s3 * syk_s + d3 * syk_d,
+                syk_h,
+                h,
+                HALF * syk_d,
+                xk1 * c1b + xk2 * a,
+                xk2 * c2b + xk1 * b,
+                mk,
+                ROW_STORE,
+            )
 
     if GRAD_TABLE:
         if ANGLES:
@@ -243,10 +317,19 @@ def _constexprs(HQ, D, HK, adjoint, layout, config):
     y_q, y_k, g0, t1 = layout[2], layout[3], layout[8], layout[7]
     y_dtype = (y_q or y_k or g0)[1]
     return dict(
-        HQ=HQ, HK=HK, HALF=D // 2, **dict(zip(STRIDES, flat)),
-        BLOCK_S=cfg["BLOCK_S"], BLOCK_D=cfg["BLOCK_D"], BLOCK_R=cfg["BLOCK_R"],
-        ADJOINT=adjoint, ANGLES=t1 is None, WRITE_Q=y_q is not None, WRITE_K=y_k is not None,
-        GRAD_TABLE=g0 is not None, ROW_STORE=_row_store(D // 2, y_dtype.itemsize, g0 is not None),
+        HQ=HQ,
+        HK=HK,
+        HALF=D // 2,
+        **dict(zip(STRIDES, flat)),
+        BLOCK_S=cfg["BLOCK_S"],
+        BLOCK_D=cfg["BLOCK_D"],
+        BLOCK_R=cfg["BLOCK_R"],
+        ADJOINT=adjoint,
+        ANGLES=t1 is None,
+        WRITE_Q=y_q is not None,
+        WRITE_K=y_k is not None,
+        GRAD_TABLE=g0 is not None,
+        ROW_STORE=_row_store(D // 2, y_dtype.itemsize, g0 is not None),
         num_warps=cfg["num_warps"],
     )
 
@@ -257,11 +340,16 @@ def _pointer_args(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1):
     what the kernel stores to, sees no input written."""
     y_any = next(t for t in (y_q, y_k, g0) if t is not None)
     return (
-        x_q, x_k,
-        y_q if y_q is not None else y_any, y_k if y_k is not None else y_any,
-        p_q if p_q is not None else x_q, p_k if p_k is not None else x_k,
-        t0, t1 if t1 is not None else t0,
-        g0 if g0 is not None else y_any, g1 if g1 is not None else y_any,
+        x_q,
+        x_k,
+        y_q if y_q is not None else y_any,
+        y_k if y_k is not None else y_any,
+        p_q if p_q is not None else x_q,
+        p_k if p_k is not None else x_k,
+        t0,
+        t1 if t1 is not None else t0,
+        g0 if g0 is not None else y_any,
+        g1 if g1 is not None else y_any,
     )
 
 
@@ -286,8 +374,9 @@ def _direct(kernel):
         stream = current_stream(device)
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
         if _hooked(enter) or _hooked(leave):
-            run(grid[0], grid[1], 1, stream, function, packed, launch_metadata(grid, stream, *args), enter, leave,
-                *args)
+            run(
+                grid[0], grid[1], 1, stream, function, packed, launch_metadata(grid, stream, *args), enter, leave, *args
+            )
         else:  # Triton's hooks are empty chains by default: calling them costs host time for nothing
             run(grid[0], grid[1], 1, stream, function, packed, None, None, None, *args)
 
@@ -304,9 +393,13 @@ def _fall_back(error):
     if _DIRECT["ok"]:
         import warnings
 
-        warnings.warn(f"rope_bwd: this Triton ({triton.__version__}) does not take the direct launch "
-                      f"({type(error).__name__}: {error}); launching through rotary_kernel[grid], which "
-                      "costs more host time per call", RuntimeWarning, stacklevel=5)
+        warnings.warn(
+            f"rope_bwd: this Triton ({triton.__version__}) does not take the direct launch "
+            f"({type(error).__name__}: {error}); launching through rotary_kernel[grid], which "
+            "costs more host time per call",
+            RuntimeWarning,
+            stacklevel=5,
+        )
     _DIRECT["ok"] = False
 
 
@@ -341,9 +434,15 @@ def _launch(tensors, adjoint, config):
     # This key is most of the host time of a launch seen before: one pass, no generators, and
     # _encode only for strides that reach past the tokens (the test is _encode's first).
     ptrs = [0 if t is None else t.data_ptr() for t in tensors]
-    layout = tuple([None if t is None else (
-        st if (u := S * st[0]) == 0 or max(st) < u else _encode(st, S), t.dtype, p % 16 == 0)
-        for t, p in zip(tensors, ptrs) if t is None or (st := t.stride())])
+    layout = tuple(
+        [
+            None
+            if t is None
+            else (st if (u := S * st[0]) == 0 or max(st) < u else _encode(st, S), t.dtype, p % 16 == 0)
+            for t, p in zip(tensors, ptrs)
+            if t is None or (st := t.stride())
+        ]
+    )
     device = x_q.device.index
     plan = _plan(HQ, D, tensors[1].shape[1], adjoint, layout, tuple(config.items()), device)
     grid = (-(-S // plan.block_s), plan.n_d)  # triton.cdiv is a JIT function: slower on the host
@@ -401,7 +500,8 @@ def _launch_traced(tensors, adjoint, config):
     S, HQ, D = x_q.shape
     x_q, x_k, p_q, p_k, t0, t1 = (
         t if t is None or _encode_traced(t.stride(), S) is not None else t.contiguous()
-        for t in (x_q, x_k, p_q, p_k, t0, t1))
+        for t in (x_q, x_k, p_q, p_k, t0, t1)
+    )
     tensors = (x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1)
     # No pointer alignment in the key: traced tensors have no address (inductor specializes).
     layout = tuple(None if t is None else (_encode_traced(t.stride(), S), t.dtype, None) for t in tensors)

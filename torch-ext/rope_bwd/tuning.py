@@ -50,7 +50,7 @@ def device_file(device_name: str) -> Path:
     return CONFIG_DIR / (device_name.replace(" ", "_").replace("/", "_") + ".json")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tuned_table(device_name: str) -> dict:
     path = device_file(device_name)
     return json.loads(path.read_text()) if path.exists() else {}
@@ -78,7 +78,7 @@ def default_config(mode: str, S: int, R: int, D: int, elem_size: int, n_sm: int 
     return {"BLOCK_S": 1, "BLOCK_D": bd, "BLOCK_R": rows, "num_warps": 2}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_props(device: torch.device):
     if device.type != "cuda":
         return "cpu", 1
@@ -95,8 +95,9 @@ def config_for(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, devi
 def _bucket_config(mode, s_bucket_, HQ, HK, D, elem_size, device):
     name, n_sm = _device_props(device)
     R = HQ + HK
-    return (tuned_table(name).get(f"{mode}-D{D}-R{R}-b{elem_size}-{s_bucket_}")
-            or default_config(mode, bucket_size(s_bucket_), R, D, elem_size, n_sm))
+    return tuned_table(name).get(f"{mode}-D{D}-R{R}-b{elem_size}-{s_bucket_}") or default_config(
+        mode, bucket_size(s_bucket_), R, D, elem_size, n_sm
+    )
 
 
 # _bucket_config per call shape for the launch path, where its lookups are host time per call;

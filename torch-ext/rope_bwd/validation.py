@@ -64,7 +64,9 @@ def _check_meta(fn, heads, tables, grads):
         _same(fn, tables[1][0], tables[1][2], tables[0][2], f"the dtype of {tables[0][0]}")
     for name, _, _, device in heads + tables + grads:
         if device != q_device:
-            raise ValueError(f"{fn}: {name} is on {device}, but {qn} is on {q_device}; all tensors must be on one device")
+            raise ValueError(
+                f"{fn}: {name} is on {device}, but {qn} is on {q_device}; all tensors must be on one device"
+            )
 
 
 def _span(t):
@@ -130,8 +132,11 @@ def check_out_autograd(fn, names, tensors):
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         name = next(n for n, t in zip(names, tensors) if t.requires_grad)
         what = "requires grad"
-    elif not torch.compiler.is_compiling() and forward_ad._current_level >= 0 and any(
-            forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+    elif (
+        not torch.compiler.is_compiling()
+        and forward_ad._current_level >= 0
+        and any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+    ):
         name = next(n for n, t in zip(names, tensors) if forward_ad.unpack_dual(t).tangent is not None)
         what = "carries a forward-mode tangent"
     else:
@@ -162,6 +167,6 @@ def check_out_memory(fn, out, inputs):
             if _overlap(t, x):
                 raise ValueError(f"{fn}: out[{name}] overlaps the input {in_name}; outputs must not alias inputs")
     for i, (a_name, a) in enumerate(out):
-        for b_name, b in out[i + 1:]:
+        for b_name, b in out[i + 1 :]:
             if _overlap(a, b):
                 raise ValueError(f"{fn}: out[{a_name}] and out[{b_name}] overlap; each output needs its own memory")
