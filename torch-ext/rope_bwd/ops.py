@@ -160,6 +160,7 @@ def _markers(outs, likes):
     return tuple(o if o is not None else like.new_empty((0,)) for o, like in zip(outs, likes))
 
 
+# The ops' functions each spell out the full signature: torch.library reads their schemas from it.
 def _rotary_bwd_eager(
     gq: Tensor,
     gk: Tensor,

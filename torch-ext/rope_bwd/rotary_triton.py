@@ -254,6 +254,8 @@ def rotary_kernel(
             gc2 += tl.sum(xq2 * pq2 + xk2 * pk2, axis=1)
             gs1 -= tl.sum(xq1 * pq2 + xk1 * pk2, axis=1)
             gs2 += tl.sum(xq2 * pq1 + xk2 * pk1, axis=1)
+        # The q and k sides are spelled out, not looped over: every load of a chunk, both
+        # sides', comes before its stores.
         if WRITE_Q:
             _store_halves(
                 Y_q + s3 * syq_s + d3 * syq_d,
