@@ -389,3 +389,22 @@ def test_qwen_call_shares_one_configuration_across_buckets(kernel, monkeypatch):
                 for S in (1, 256, 257, 1024, 4096, 16384, 16385, 70001)
             }
             assert len(configs) == 1, f"{mode} head_dim {D}: {configs}"
+
+
+def test_input_checks_cache_does_not_grow_with_sizes(kernel, gen):
+    """The argument checks are cached per layout, not per S; a mismatch still names the real sizes."""
+    validation = importlib.import_module(f"{kernel.__name__}.validation")
+    H, D = 2, 8
+
+    def call(S, S_cos=None):
+        q, k = (torch.randn(S, H, D, generator=gen) for _ in range(2))
+        cos, sin = (torch.randn(S if S_cos is None else S_cos, D, generator=gen) for _ in range(2))
+        return kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)
+
+    call(5)
+    before = validation._check_meta.cache_info().currsize
+    for S in (6, 7, 9, 16, 31, 100):
+        call(S)
+    assert validation._check_meta.cache_info().currsize == before
+    with pytest.raises(ValueError, match=r"cos must have shape \[S, D\] = \(7, 8\), got \(6, 8\)"):
+        call(7, S_cos=6)
