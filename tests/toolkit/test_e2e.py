@@ -12,23 +12,17 @@ from rope_bwd_triton import REPO_ROOT, e2e, publish
 VARIANTS = ("eager", "kernelized", "identity")
 
 
-def _quick_e2e(tmp_path, *flags):
+def _quick_e2e(tmp_path, *flags, result="e2e.json"):
     """`e2e --quick` in a fresh process, the kernel loaded offline from a Hub cache:
-    (its environment, output folder, e2e.json)."""
+    (its environment, output folder, the result JSON)."""
     publish.install_build(tmp_path / "cache")  # both branches; get_kernel reads v1
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "TRITON_INTERPRET")}
     env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"), HF_HUB_CACHE=str(tmp_path / "hub"))
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rope_bwd_triton", "e2e", "--quick", *flags, "--out", str(out)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv = [sys.executable, "-m", "rope_bwd_triton", "e2e", "--quick", *flags, "--out", str(out)]
+    proc = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return env, out, json.loads((out / "e2e.json").read_text())
+    return env, out, json.loads((out / result).read_text())
 
 
 def test_e2e_quick(tmp_path):
@@ -134,34 +128,8 @@ def test_rounds_interleave_and_rotate(monkeypatch):
 def test_varres_quick(tmp_path):
     """`e2e --varres --quick`: each variant in its own fresh process, two passes over images of
     varying size, on the CPU (a code-path check)."""
-    publish.install_build(tmp_path / "cache")
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "TRITON_INTERPRET")}
-    env.update(HF_HUB_OFFLINE="1", KERNELS_CACHE=str(tmp_path / "cache"), HF_HUB_CACHE=str(tmp_path / "hub"))
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rope_bwd_triton",
-            "e2e",
-            "--varres",
-            "--quick",
-            "--varres-sides",
-            "4",
-            "6",
-            "--variants",
-            "eager,kernelized",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((out / "e2e-varres.json").read_text())
+    flags = ("--varres", "--varres-sides", "4", "6", "--variants", "eager,kernelized")
+    _, out, report = _quick_e2e(tmp_path, *flags, result="e2e-varres.json")
     assert [r["variant"] for r in report["runs"]] == ["eager", "kernelized"]
     for r in report["runs"]:
         assert r["tokens"] == [16, 36] and len(r["passes"]) == 2
