@@ -94,10 +94,8 @@ def config_for(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, devi
 
 def _bucket_config(mode, s_bucket_, HQ, HK, D, elem_size, device):
     name, n_sm = _device_props(device)
-    R = HQ + HK
-    return tuned_table(name).get(f"{mode}-D{D}-R{R}-b{elem_size}-{s_bucket_}") or default_config(
-        mode, bucket_size(s_bucket_), R, D, elem_size, n_sm
-    )
+    R, S = HQ + HK, bucket_size(s_bucket_)
+    return tuned_table(name).get(bucket(mode, S, R, D, elem_size)) or default_config(mode, S, R, D, elem_size, n_sm)
 
 
 # _bucket_config per call shape for the launch path, where its lookups are host time per call;
