@@ -24,7 +24,6 @@ those symbolic, or one that runs the kernel in the interpreter, calls an opaque
 twin (`*_opaque`) instead, which launches as eager calls do.
 """
 
-import contextlib
 import functools
 import logging
 import os
@@ -97,18 +96,31 @@ def _triton_op(name):
 
 
 def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
-    mode = "fwd" if not adjoint else ("bwd" if g0 is not None else "bwd_qk")
     S, HQ, D = x_q.shape
     device = x_q.device
+    if _other_device(x_q, device):  # Triton launches on the current device: make it the tensors'
+        with torch.cuda.device(device):
+            return _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, adjoint=adjoint)
+    mode = "fwd" if not adjoint else ("bwd" if g0 is not None else "bwd_qk")
     cfg = tuning.cached_config(mode, _size_hint(S), HQ, x_k.shape[1], D, x_q.element_size(), device)
     rt = _rotary_triton()
-    # Triton launches on the current device: make it the tensors' one (switching costs host time).
-    switch = device.type == "cuda" and type(x_q) is Tensor and device.index != torch.cuda.current_device()
-    with torch.cuda.device(device) if switch else contextlib.nullcontext():
-        if adjoint:
-            rt.launch_bwd(x_q, x_k, t0, t1, dq=y_q, dk=y_k, q=p_q, k=p_k, dtable=g0, dsin=g1, config=cfg)
-        else:
-            rt.launch_fwd(x_q, x_k, t0, t1, y_q, y_k, config=cfg)
+    if adjoint:
+        rt.launch_bwd(x_q, x_k, t0, t1, dq=y_q, dk=y_k, q=p_q, k=p_k, dtable=g0, dsin=g1, config=cfg)
+    else:
+        rt.launch_fwd(x_q, x_k, t0, t1, y_q, y_k, config=cfg)
+
+
+def _other_device(x: Tensor, device: torch.device) -> bool:
+    """Whether x is on a GPU other than the current one. Asking costs host time per call, so
+    only where there is a choice (a process that sees several GPUs)."""
+    if device.type != "cuda" or type(x) is not Tensor or not _several_gpus():
+        return False
+    return device.index != torch.cuda.current_device()
+
+
+@functools.cache
+def _several_gpus() -> bool:
+    return torch.cuda.device_count() > 1
 
 
 def _empty_like(t: Tensor) -> Tensor:

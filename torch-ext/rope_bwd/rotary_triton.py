@@ -299,7 +299,7 @@ def _encode(strides, S):
     unit = S * abs(strides[0])
     if unit == 0 or max(strides) < unit:  # the common case: nothing outside the tokens
         return strides
-    return (strides[0], *(-(st // S) if st and st % unit == 0 else st for st in strides[1:]))
+    return tuple([strides[0]] + [-(st // S) if st and st % unit == 0 else st for st in strides[1:]])
 
 
 def _row_store(half, itemsize, grad_table):
@@ -433,20 +433,19 @@ def _launch(tensors, adjoint, config):
     if type(x_q) is not torch.Tensor:  # traced by torch.compile
         _launch_traced(tensors, adjoint, config)
         return
-    # This key is most of the host time of a launch seen before: one pass, no generators, and
+    # This key is most of the host time of a launch seen before: one pass over the tensors, and
     # _encode only for strides that reach past the tokens (the test is _encode's first).
-    ptrs = [0 if t is None else t.data_ptr() for t in tensors]
-    layout = tuple(
-        [
-            None
-            if t is None
-            else (st if (u := S * st[0]) == 0 or max(st) < u else _encode(st, S), t.dtype, p % 16 == 0)
-            for t, p in zip(tensors, ptrs)
-            if t is None or (st := t.stride())
-        ]
-    )
+    ptrs, layout = [], []
+    for t in tensors:
+        if t is None:
+            ptrs.append(0)
+            layout.append(None)
+        else:
+            p, st = t.data_ptr(), t.stride()
+            ptrs.append(p)
+            layout.append((st if max(st) < S * st[0] else _encode(st, S), t.dtype, p % 16 == 0))
     device = x_q.device.index
-    plan = _plan(HQ, D, tensors[1].shape[1], adjoint, layout, tuple(config.items()), device)
+    plan = _plan(HQ, D, tensors[1].shape[1], adjoint, tuple(layout), tuple(config.items()), device)
     grid = (-(-S // plan.block_s), plan.n_d)  # triton.cdiv is a JIT function: slower on the host
     if plan.launch is not None:
         # Addresses as ints: for a tensor the launcher would call data_ptr() again and ask
