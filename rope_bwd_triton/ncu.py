@@ -40,6 +40,18 @@ WORKLOADS = [
     ("bwd_bf16", 16384, 16, 128, 72),
     ("fwd_bf16", 16384, 16, 72, None),
 ]
+# The real model's call (realcall.py: bf16, 16 heads, q/k views of one qkv, cos/sin without
+# gradient), each of its two kernels: (part, gradient layout, S, D). The forward reads the views;
+# the q/k backward reads the upstream gradient in sdpa's layout (head stride S*D) or flash's.
+REALCALL_WORKLOADS = [
+    ("fwd", "sdpa", 4096, 72),
+    ("bwd_qk", "sdpa", 4096, 72),
+    ("bwd_qk", "flash", 4096, 72),
+    ("fwd", "sdpa", 4096, 80),
+    ("bwd_qk", "sdpa", 4096, 80),
+    ("bwd_qk", "flash", 4096, 80),
+    ("bwd_qk", "sdpa", 16384, 72),
+]
 # column: (ncu metric, scale, format)
 COLUMNS = {
     "us": ("gpu__time_duration.sum", 1e-3, "{:.1f}"),
@@ -62,7 +74,6 @@ COLUMNS = {
 
 
 def run(args):
-    import torch
 
     from . import bench
     from .load import load_kernel
@@ -79,22 +90,51 @@ def run(args):
             call = impls[task].make(kernel, x)
         else:
             call = _backward_with_config_of(kernel, x, config_of)
-        nbytes = floor_bytes(S, H, D, elem=x[0].element_size(), mode=mode)  # as the bench's copy reference
-        src = torch.randn(nbytes // 8, device="cuda")
-        dst = torch.empty_like(src)
-        call()  # compile and warm up outside the profiled range
-        torch.neg(src, out=dst)
-        torch.cuda.synchronize()
-        torch.cuda.nvtx.range_push("profile")
-        call()
-        torch.neg(src, out=dst)
-        torch.cuda.synchronize()
-        torch.cuda.nvtx.range_pop()
+        _profile(call, floor_bytes(S, H, D, elem=x[0].element_size(), mode=mode))  # as the bench's copy reference
         name = f"{task} S={S} D={D}" + (f", launched as D={config_of}" if config_of else "")
+        labels += [(name, "ours"), (name, "torch.neg, same bytes")]
+    for part, layout, S, D in REALCALL_WORKLOADS:
+        _profile(*_real_call_part(kernel, part, layout, S, 16, D))
+        name = f"real call {part} S={S} D={D}" + (f", {layout} gradient" if part != "fwd" else ", q/k views of qkv")
         labels += [(name, "ours"), (name, "torch.neg, same bytes")]
     meta = run_meta("cuda", kernel=kernel)
     args.labels.parent.mkdir(parents=True, exist_ok=True)
     args.labels.write_text(json.dumps({"meta": meta, "kernels": labels}, indent=1) + "\n")
+
+
+def _profile(call, nbytes):
+    """call(), then torch.neg over nbytes (half read, half written), inside the NVTX range that
+    ncu profiles; each warmed up (compiled) outside it."""
+    import torch
+
+    src = torch.randn(nbytes // 8, device="cuda")
+    dst = torch.empty_like(src)
+    call()
+    torch.neg(src, out=dst)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("profile")
+    call()
+    torch.neg(src, out=dst)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def _real_call_part(kernel, part, layout, S, H, D):
+    """One kernel of the real call (realcall.py's inputs, bf16) as the package launches it: the
+    forward, or the op that autograd calls for the q/k backward; and the bytes that part moves."""
+    import torch
+
+    from .load import submodule
+    from .realcall import floor_bytes, make_inputs
+
+    x = make_inputs(S, H, D, torch.bfloat16, layout, "cuda", torch.Generator().manual_seed(S))
+    q, k, cos, sin = (x[n].detach() for n in ("q", "k", "cos", "sin"))
+    if part == "fwd":
+        call = lambda: kernel.apply_rotary_pos_emb_vision(q, k, cos, sin)  # noqa: E731
+    else:
+        op = submodule(kernel, "ops").rotary_bwd
+        call = lambda: op(x["gq"], x["gk"], None, None, cos, sin, True, True)  # noqa: E731
+    return call, floor_bytes(S, H, D, 2)[part[:3]]
 
 
 def _backward_with_config_of(kernel, x, head_dim):
