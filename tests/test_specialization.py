@@ -357,12 +357,15 @@ def test_compile_reads_sdpa_gradient_in_place_gpu(kernel, gen, rotary_compiles):
         w = torch.randn(1, H, S, D, generator=gen).to("cuda", torch.bfloat16)
         for t in (x, cos, sin):  # every input whose first size is S
             torch._dynamo.mark_dynamic(t, 0)
-        results = []
+        # Each against a float64 evaluation of the step (the PyTorch path): eager and compiled
+        # bf16 may differ by sdpa's kernel choice, not by the rotary.
+        x64 = x.detach().double().requires_grad_()
+        out64 = fn(x64, cos.double(), sin.double())
+        want = (out64, *torch.autograd.grad(out64, x64, w.double()))
         for f in (fn, compiled):
             out = f(x, cos, sin)
-            results.append((out, *torch.autograd.grad(out, x, w)))
-        for got, want in zip(*results):
-            assert reference.rel_err(got, want) <= 1e-6
+            for got, ref in zip((out, *torch.autograd.grad(out, x, w)), want):
+                assert reference.rel_err(got, ref) <= 1e-2
         if i == 0:
             first = len(rotary_compiles)
     assert counter.frame_count == 1
