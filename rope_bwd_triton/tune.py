@@ -98,7 +98,7 @@ def merge_write(path: Path, tuned: dict) -> dict:
 class Bucket:
     """One bucket's tensors (per representative S) and timing of candidate configs."""
 
-    def __init__(self, kernel, timer, mode, dtype, seq_lens, data_for):
+    def __init__(self, kernel, timer, mode, dtype, seq_lens, data_for, layout=""):
         from .load import submodule
 
         self.timer, self.mode, self.dtype = timer, mode, dtype
@@ -107,6 +107,8 @@ class Bucket:
         for i, S in enumerate(seq_lens):
             data = data_for(S)
             x = data.inputs(mode, dtype)
+            if layout == "sdpa":  # the upstream gradients with their heads outside their tokens
+                x = (*(g.transpose(0, 1).contiguous().transpose(0, 1) for g in x[:2]), *x[2:])
             self.cases.append((x, self._outputs(x)))
             if i == 0:  # candidates are checked on the first (smallest) S
                 import torch
@@ -209,8 +211,9 @@ def _compile(task):
 
     from .load import load_kernel
 
-    mode, dtype, D, H, seed, seq_lens, cfgs, deadline = task
-    bucket = Bucket(load_kernel(build=False), None, mode, dtype, seq_lens, _inputs(H, torch.device("cuda"), seed)(D))
+    mode, dtype, D, H, seed, seq_lens, cfgs, deadline, layout = task
+    data_for = _inputs(H, torch.device("cuda"), seed)(D)
+    bucket = Bucket(load_kernel(build=False), None, mode, dtype, seq_lens, data_for, layout)
     done = 0
     for cfg in cfgs:
         if time.time() > deadline:
@@ -222,7 +225,7 @@ def _compile(task):
     return done
 
 
-def precompile(jobs, H, seed, n_proc, deadline):
+def precompile(jobs, H, seed, n_proc, deadline, layout=""):
     """Compile the grid of every (mode, dtype, head_dim) of jobs at the S the buckets time, in
     n_proc worker processes; returns how many candidates were compiled and how many asked for."""
     import multiprocessing
@@ -234,7 +237,7 @@ def precompile(jobs, H, seed, n_proc, deadline):
     tasks = []
     for (mode, dtype, D), seq_lens in groups.items():
         cfgs = grid(D, 2 * H)
-        tasks += [(mode, dtype, D, H, seed, sorted(seq_lens), cfgs[i::n_proc], deadline) for i in range(n_proc)]
+        tasks += [(mode, dtype, D, H, seed, sorted(seq_lens), cfgs[i::n_proc], deadline, layout) for i in range(n_proc)]
     with ProcessPoolExecutor(n_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
         return sum(pool.map(_compile, tasks)), sum(len(t[6]) for t in tasks)
 
@@ -276,6 +279,7 @@ def run(args) -> dict:
             args.seed,
             args.jobs,
             time.time() + args.budget / 2,
+            args.layout,
         )
         report["precompile"] = {"compiled": done, "candidates": asked, "seconds": round(time.monotonic() - start, 1)}
         print(
@@ -285,14 +289,14 @@ def run(args) -> dict:
     for i, (mode, dtype, D, sb) in enumerate(jobs):
         seq_lens = args.seq_lens or S_REPS[sb]
         elem = getattr(torch, dtype).itemsize
-        key = tuning.bucket(mode, seq_lens[0], 2 * H, D, elem)
+        key = tuning.bucket(mode, seq_lens[0], 2 * H, D, elem, args.layout)
         elapsed = time.monotonic() - start
         if elapsed > args.budget:
             report["not_tuned"].append(key)
             continue
         print(f"[{i + 1}/{len(jobs)} {elapsed:5.0f}s] {key} at S={','.join(map(str, seq_lens))}", flush=True)
-        current = tuning.config_for(mode, seq_lens[0], H, H, D, elem, device)
-        bucket = Bucket(kernel, timer, mode, dtype, seq_lens, data_for(D))
+        current = tuning.config_for(mode, seq_lens[0], H, H, D, elem, device, args.layout)
+        bucket = Bucket(kernel, timer, mode, dtype, seq_lens, data_for(D), args.layout)
         log = []
         best, score, base_times = tune_bucket(bucket, current, D, 2 * H, log, grid_search=args.grid)
         del bucket
@@ -339,6 +343,13 @@ def add_arguments(parser):
         nargs="+",
         help="time at these S instead of each bucket's representatives (the key uses the first)",
     )
+    parser.add_argument(
+        "--layout",
+        choices=("", "sdpa"),
+        default="",
+        help="sdpa: tune the backward for the upstream gradient as sdpa returns it (heads outside the tokens), "
+        "into entries of its own (default: contiguous inputs, the entries every layout falls back to)",
+    )
     parser.add_argument("--calls", type=cli.positive_int, default=10, help="cold-L2 calls timed per candidate and S")
     parser.add_argument(
         "--grid",
@@ -366,6 +377,9 @@ def add_arguments(parser):
 
 def main(args) -> int:
     import torch
+
+    if args.layout and "fwd" in args.modes:
+        raise cli.UsageError("--layout sdpa is the upstream gradient's layout: give --modes bwd_qk and/or bwd")
 
     if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu" and os.environ.get(
         "TRITON_INTERPRET"

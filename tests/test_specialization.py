@@ -379,19 +379,32 @@ def test_compile_reads_sdpa_gradient_in_place_gpu(kernel, gen, rotary_compiles):
             assert "clone" not in str(getattr(src, "target", "")), f"{name} is copied before the kernel"
 
 
+@pytest.mark.kernels_ci
+def test_gradient_layouts_are_told_apart_without_S(kernel):
+    """The backward's configuration key: sdpa's gradient ([1, H, S, D] seen as [S, H, D]) has its
+    heads outside its tokens; q/k views of qkv, flash-attention's [S, H, D] and S = 1 do not."""
+    heads_outside = kernel.ops._heads_outside
+    for S in (2, 3, 16, 4097):
+        assert heads_outside(torch.empty(1, 16, S, 72).transpose(1, 2)[0])
+        assert not heads_outside(torch.empty(S, 16, 72))
+        assert not heads_outside(torch.empty(S, 3, 16, 72)[:, 1])
+    assert not heads_outside(torch.empty(1, 16, 1, 72).transpose(1, 2)[0])
+    assert not heads_outside(torch.empty(1, 1, 5, 72).transpose(1, 2)[0])
+
+
 def test_qwen_call_shares_one_configuration_across_buckets(kernel, monkeypatch):
-    """The Qwen models' call (bf16, 16 + 16 heads of 72 or 80; forward and q/k-only backward)
-    gets one launch configuration in every S bucket on the H200, so a training run on images of
-    any sizes compiles one kernel per direction."""
+    """The Qwen models' call (bf16, 16 + 16 heads of 72 or 80; forward and q/k-only backward, the
+    latter for either gradient layout) gets one launch configuration in every S bucket on the
+    H200, so a training run on images of any sizes compiles one kernel per direction."""
     tuning = importlib.import_module(f"{kernel.__name__}.tuning")
     monkeypatch.setattr(tuning, "_device_props", lambda device: ("NVIDIA H200", 132))
-    for mode in ("fwd", "bwd_qk"):
+    for mode, layout in (("fwd", ""), ("bwd_qk", ""), ("bwd_qk", "sdpa")):
         for D in (72, 80):
             configs = {
-                tuple(tuning.config_for(mode, S, 16, 16, D, 2, torch.device("cpu")).items())
-                for S in (1, 256, 257, 1024, 4096, 16384, 16385, 70001)
+                tuple(tuning.config_for(mode, S, 16, 16, D, 2, torch.device("cpu"), layout).items())
+                for S in ((1,) if not layout else ()) + (256, 257, 1024, 4096, 16384, 16385, 70001)
             }
-            assert len(configs) == 1, f"{mode} head_dim {D}: {configs}"
+            assert len(configs) == 1, f"{mode} {layout} head_dim {D}: {configs}"
 
 
 def test_input_checks_cache_does_not_grow_with_sizes(kernel, gen):

@@ -62,6 +62,23 @@ def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
     )
 
 
+def test_layout_entries_take_precedence_and_fall_back(tuning, tmp_path):
+    """A bucket's entry for sdpa's gradient layout serves that layout; a bucket without one
+    serves it the layout-free entry; other layouts never see it."""
+    H, D = 16, 72
+    generic = {"BLOCK_S": 1, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 2}
+    sdpa = {"BLOCK_S": 2, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 4}
+    table = {tuning.bucket("bwd_qk", S, 2 * H, D, 2): generic for S in (1024, 4096)}
+    table[tuning.bucket("bwd_qk", 4096, 2 * H, D, 2, "sdpa")] = sdpa
+    assert tuning.bucket("bwd_qk", 4096, 2 * H, D, 2, "sdpa") == "bwd_qk-D72-R32-b2-S4096-sdpa"
+    (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps(table))
+    cpu = torch.device("cpu")
+    assert tuning.config_for("bwd_qk", 3000, H, H, D, 2, cpu, "sdpa") == sdpa
+    assert tuning.cached_config("bwd_qk", 3000, H, H, D, 2, cpu, "sdpa") == sdpa
+    assert tuning.config_for("bwd_qk", 3000, H, H, D, 2, cpu) == generic
+    assert tuning.config_for("bwd_qk", 1000, H, H, D, 2, cpu, "sdpa") == generic
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("elem", [2, 4])
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "bwd_qk"])
@@ -217,6 +234,15 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
         assert t.config_for("bwd", 5, 2, 2, 16, 4, torch.device("cpu")) == table[key]
     finally:
         t.tuned_table.cache_clear()
+
+
+@pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
+def test_tune_for_sdpa_gradient_layout_writes_entries_of_its_own(kernel, tmp_path):
+    """--layout sdpa times the backward on upstream gradients laid out as sdpa returns them and
+    writes the bucket's entry for that layout, which the package reads for that layout only."""
+    table, log = _tune(tmp_path, "--layout", "sdpa")
+    key = kernel.tuning.bucket(*BUCKET, "sdpa")
+    assert list(table) == [key] and key.endswith("-sdpa") and log["buckets"][key]["tried"]
 
 
 @pytest.mark.gpu

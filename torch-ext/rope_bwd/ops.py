@@ -102,12 +102,22 @@ def _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, *, adjoint: bool):
         with torch.cuda.device(device):
             return _launch(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1, adjoint=adjoint)
     mode = "fwd" if not adjoint else ("bwd" if g0 is not None else "bwd_qk")
-    cfg = tuning.cached_config(mode, _size_hint(S), HQ, x_k.shape[1], D, x_q.element_size(), device)
+    layout = "sdpa" if adjoint and _heads_outside(x_q) else ""
+    cfg = tuning.cached_config(mode, _size_hint(S), HQ, x_k.shape[1], D, x_q.element_size(), device, layout)
     rt = _rotary_triton()
     if adjoint:
         rt.launch_bwd(x_q, x_k, t0, t1, dq=y_q, dk=y_k, q=p_q, k=p_k, dtable=g0, dsin=g1, config=cfg)
     else:
         rt.launch_fwd(x_q, x_k, t0, t1, y_q, y_k, config=cfg)
+
+
+def _heads_outside(x: Tensor) -> bool:
+    """Whether x [S, H, D] has its heads laid out outside its tokens (head stride at least S token
+    strides), as the upstream gradient that sdpa returns: the backward has launch configurations
+    of its own there (tuning.bucket). Read from size hints: no guard on a symbolic S."""
+    S, H = _size_hint(x.shape[0]), _size_hint(x.shape[1])
+    st_s, st_h = (_size_hint(st) for st in x.stride()[:2])
+    return S > 1 and H > 1 and st_h >= S * st_s > 0
 
 
 def _other_device(x: Tensor, device: torch.device) -> bool:

@@ -1,8 +1,8 @@
 """Launch configurations for the rotary kernel.
 
 Tuned configurations ship as JSON in configs/, one file per GPU name
-(`configs/<device name, spaces as _>.json`), each mapping a shape bucket (see
-`bucket`) to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}. Unknown GPUs and buckets get the
+(`configs/<device name, spaces as _>.json`), each mapping a shape bucket, and for some
+backward buckets a layout (see `bucket`), to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}. Unknown GPUs and buckets get the
 heuristic `default_config`. Nothing is autotuned at a user's call.
 """
 
@@ -41,9 +41,12 @@ def bucket_size(bucket: str) -> int:
     return BIG if bucket == "Sbig" else int(bucket[1:])
 
 
-def bucket(mode: str, S: int, R: int, D: int, elem_size: int) -> str:
-    """Key of a tuned configuration: mode, head_dim, rows (q heads + k heads), element bytes, S bucket."""
-    return f"{mode}-D{D}-R{R}-b{elem_size}-{s_bucket(S)}"
+def bucket(mode: str, S: int, R: int, D: int, elem_size: int, layout: str = "") -> str:
+    """Key of a tuned configuration: mode, head_dim, rows (q heads + k heads), element bytes, S
+    bucket, and the layout where it has entries of its own: "sdpa" for a backward whose upstream
+    gradient has its heads outside its tokens, as sdpa returns it ([1, H, S, D] seen as [S, H, D])."""
+    key = f"{mode}-D{D}-R{R}-b{elem_size}-{s_bucket(S)}"
+    return f"{key}-{layout}" if layout else key
 
 
 def device_file(device_name: str) -> Path:
@@ -86,16 +89,23 @@ def _device_props(device: torch.device):
     return props.name, props.multi_processor_count
 
 
-def config_for(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device: torch.device) -> dict:
+def config_for(
+    mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device: torch.device, layout: str = ""
+) -> dict:
     """Full launch configuration (block sizes and warps) for one call: the tuned one of its
-    bucket, else default_config at the bucket's size."""
-    return _bucket_config(mode, s_bucket(S), HQ, HK, D, elem_size, device)
+    bucket and layout, else of its bucket, else default_config at the bucket's size."""
+    return _bucket_config(mode, s_bucket(S), HQ, HK, D, elem_size, device, layout)
 
 
-def _bucket_config(mode, s_bucket_, HQ, HK, D, elem_size, device):
+def _bucket_config(mode, s_bucket_, HQ, HK, D, elem_size, device, layout=""):
     name, n_sm = _device_props(device)
     R, S = HQ + HK, bucket_size(s_bucket_)
-    return tuned_table(name).get(bucket(mode, S, R, D, elem_size)) or default_config(mode, S, R, D, elem_size, n_sm)
+    table = tuned_table(name)
+    return (
+        (layout and table.get(bucket(mode, S, R, D, elem_size, layout)))
+        or table.get(bucket(mode, S, R, D, elem_size))
+        or default_config(mode, S, R, D, elem_size, n_sm)
+    )
 
 
 # _bucket_config per call shape for the launch path, where its lookups are host time per call;
@@ -104,5 +114,7 @@ def _bucket_config(mode, s_bucket_, HQ, HK, D, elem_size, device):
 _cached_bucket_config = functools.lru_cache(maxsize=4096)(_bucket_config)
 
 
-def cached_config(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device: torch.device) -> dict:
-    return _cached_bucket_config(mode, s_bucket(S), HQ, HK, D, elem_size, device)
+def cached_config(
+    mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device: torch.device, layout: str = ""
+) -> dict:
+    return _cached_bucket_config(mode, s_bucket(S), HQ, HK, D, elem_size, device, layout)
