@@ -115,8 +115,9 @@ def _heads_outside(x: Tensor) -> bool:
     """Whether x [S, H, D] has its heads laid out outside its tokens (head stride at least S token
     strides), as the upstream gradient that sdpa returns: the backward has launch configurations
     of its own there (tuning.bucket). Read from size hints: no guard on a symbolic S."""
-    S, H = _size_hint(x.shape[0]), _size_hint(x.shape[1])
-    st_s, st_h = (_size_hint(st) for st in x.stride()[:2])
+    (S, H, _), (st_s, st_h, _) = x.shape, x.stride()
+    if type(x) is not Tensor:  # traced: the sizes may be symbolic
+        S, H, st_s, st_h = (_size_hint(n) for n in (S, H, st_s, st_h))
     return S > 1 and H > 1 and st_h >= S * st_s > 0
 
 
