@@ -74,7 +74,6 @@ COLUMNS = {
 
 
 def run(args):
-
     from . import bench
     from .load import load_kernel
     from .runmeta import run_meta
