@@ -116,14 +116,19 @@ def _run(module, x, cos, sin, w):
 
 
 def _check_compiled(module, compiled, x, cos, sin, w, n_grads):
-    """Compiled forward + backward against eager: (their results agree; the generated code)."""
+    """Compiled forward + backward and eager, each against a float64 evaluation of the module
+    (the PyTorch path): both within float32's tolerance. Compared with each other they differ
+    by the order of the sums (the table's gradient over heads, inductor's fused reductions):
+    1.02e-6 in one CPU run. Returns the generated code."""
     eager = _run(module, x, cos, sin, w)
+    module64 = type(module)(module.kernel, module.qkv.in_features).to(x.device, torch.float64)
+    module64.load_state_dict(module.state_dict())
+    want = _run(module64, *(t.detach().double().requires_grad_(t.requires_grad) for t in (x, cos, sin)), w.double())
     with generated_code() as code:
         got = _run(compiled, x, cos, sin, w)
-    assert len(got) == len(eager) == n_grads
-    for g, e in zip(got, eager):
-        # Same ops in the same precision; only the fusion of the elementwise tail may differ.
-        assert reference.rel_err(g, e) <= 1e-6
+    assert len(got) == len(eager) == len(want) == n_grads
+    for g, e, r in zip(got, eager, want):
+        assert reference.rel_err(g, r) <= 1e-5 and reference.rel_err(e, r) <= 1e-5
     return "\n".join(code)
 
 
