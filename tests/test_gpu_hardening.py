@@ -276,6 +276,7 @@ def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
         call()  # warm-up: compilation
         torch.cuda.synchronize()
         gc.collect()  # garbage of earlier tests, freed inside the window, would read as fewer bytes kept
+        torch.cuda.empty_cache()  # as would blocks of earlier tests whose free waited on a stream's event
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.reset_accumulated_memory_stats()
         base = _stat("requested_bytes.all.current")
