@@ -8,8 +8,9 @@ default_config) and improves one parameter at a time
 (BLOCK_D, BLOCK_R, BLOCK_S, then num_warps; at most two rounds), or with --grid tries
 every candidate (slower, but finds joint optima the coordinate search misses), timing each
 candidate with the cold-L2 timer of the benchmark on representative S values of
-the bucket. The score of a candidate is its mean time relative to the starting
-configuration's, averaged over those S. A candidate is first checked against
+the bucket (or the S of --seq-lens). The score of a candidate is its mean time relative
+to the starting configuration's, averaged over those S. With --shared the winner of a
+search over several buckets' sizes is written to each of them (one kernel for all). A candidate is first checked against
 the float64 reference on the smallest S, and rejected if it is wrong. Buckets
 run in priority order (the suite's shape first, then the real models' bf16
 shapes) until --budget seconds have passed; the file and the log are rewritten
@@ -188,6 +189,12 @@ def tune_bucket(bucket, current, D, R, log, *, grid_search=False):
     return best, scores[_key(best)], base_times
 
 
+def target_keys(tuning, mode, seq_lens, R, D, elem, layout, shared):
+    """Table keys a search's winner goes to: the bucket of the first S, or (shared) of every S."""
+    sizes = seq_lens if shared else seq_lens[:1]
+    return list(dict.fromkeys(tuning.bucket(mode, S, R, D, elem, layout) for S in sizes))
+
+
 def _inputs(H, device, seed):
     """data_for(D)(S) -> bench.Data, drawn once per (S, D): drawing costs more than timing at large S."""
     from .bench import Data
@@ -254,13 +261,14 @@ def run(args) -> dict:
     tuning = kernel.tuning
     name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
     out = args.out or REPO_ROOT / "torch-ext" / "rope_bwd" / "configs" / tuning.device_file(name).name
-    # CUDA events alone: they rank candidates, and the profiler's host cost would eat the budget
-    timer = ColdL2Timer(device, calls=args.calls, warmup=2, profile=False)
+    # CUDA events by default: they rank candidates, and the profiler's host cost eats budget
+    timer = ColdL2Timer(device, calls=args.calls, warmup=2, primary=args.timer, profile=args.timer == "span")
     H = args.heads
     data_for = _inputs(H, device, args.seed)
 
+    s_buckets = args.s_buckets[:1] if args.seq_lens else args.s_buckets  # --seq-lens: one search, not one per bucket
     jobs = sorted(  # stable: the order of the options within a priority
-        ((m, dt, D, sb) for m in args.modes for dt in args.dtypes for D in args.head_dims for sb in args.s_buckets),
+        ((m, dt, D, sb) for m in args.modes for dt in args.dtypes for D in args.head_dims for sb in s_buckets),
         key=lambda j: priority(j[1], j[2]),
     )
     start = time.monotonic()
@@ -289,7 +297,8 @@ def run(args) -> dict:
     for i, (mode, dtype, D, sb) in enumerate(jobs):
         seq_lens = args.seq_lens or S_REPS[sb]
         elem = getattr(torch, dtype).itemsize
-        key = tuning.bucket(mode, seq_lens[0], 2 * H, D, elem, args.layout)
+        keys = target_keys(tuning, mode, seq_lens, 2 * H, D, elem, args.layout, args.shared)
+        key = keys[0]
         elapsed = time.monotonic() - start
         if elapsed > args.budget:
             report["not_tuned"].append(key)
@@ -306,13 +315,14 @@ def run(args) -> dict:
             "best": best,
             "time_vs_start": score if score < float("inf") else None,
             "seconds": round(time.monotonic() - start - elapsed, 1),
+            "written_to": keys if score < float("inf") else [],
             "tried": log,
         }
         if score == float("inf"):
             print(f"    no candidate passed the check; {key} keeps the package's rule", file=sys.stderr)
         else:
             print(f"    best {best}: {score:.3f}x the time of {current} ({len(log)} candidates)", flush=True)
-            merge_write(out, {key: best})
+            merge_write(out, dict.fromkeys(keys, best))
         write_log(args.log, report)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -341,7 +351,21 @@ def add_arguments(parser):
         "--seq-lens",
         type=cli.positive_int,
         nargs="+",
-        help="time at these S instead of each bucket's representatives (the key uses the first)",
+        help="time at these S instead of each bucket's representatives (the key uses the first; one search "
+        "per mode, dtype and head_dim)",
+    )
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="with --seq-lens: write the winner to the bucket of every S given, so that those sizes share one "
+        "configuration (one compiled kernel per call site)",
+    )
+    parser.add_argument(
+        "--timer",
+        choices=("events", "span"),
+        default="events",
+        help="what ranks candidates: CUDA events (default, cheap) or the kernel span from the profiler (what the "
+        "bench reports; events also count launch gaps, which shift ranks where a call takes a few us)",
     )
     parser.add_argument(
         "--layout",
@@ -378,6 +402,8 @@ def add_arguments(parser):
 def main(args) -> int:
     import torch
 
+    if args.shared and not args.seq_lens:
+        raise cli.UsageError("--shared writes one winner to the buckets of the S given by --seq-lens: give --seq-lens")
     if args.layout and "fwd" in args.modes:
         raise cli.UsageError("--layout sdpa is the upstream gradient's layout: give --modes bwd_qk and/or bwd")
 

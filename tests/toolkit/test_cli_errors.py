@@ -45,6 +45,7 @@ CASES = [
     (["e2e", "--tokens", "4096", "99"], r"e2e: error: --tokens: 99 tokens is not a square image"),
     (["e2e", "--iters", "7", "--rounds", "5"], r"e2e: error: --iters \(7\) must be a multiple of --rounds \(5\)"),
     (["tune", "--layout", "sdpa"], r"tune: error: --layout sdpa is the upstream gradient's layout: give --modes"),
+    (["tune", "--shared"], r"tune: error: --shared writes one winner to the buckets of the S given by --seq-lens"),
     (["tune", "--calls", "0"], r"tune: error: argument --calls: must be a positive integer, got 0"),
     (["tune", "--jobs", "-1"], r"tune: error: argument --jobs: must be 0 or more, got -1"),
     (["tune", "--budget", "-1"], r"tune: error: argument --budget: must be a positive number, got -1"),

@@ -249,6 +249,23 @@ def test_tune_for_sdpa_gradient_layout_writes_entries_of_its_own(kernel, tmp_pat
     assert list(table) == [key] and key.endswith("-sdpa") and log["buckets"][key]["tried"]
 
 
+def test_shared_search_writes_to_the_bucket_of_every_size(kernel):
+    """--shared: the winner of one search over the sizes of several buckets goes under each
+    bucket's key, so that those sizes share one compiled kernel; without it, under the first's."""
+    sizes = (256, 1024, 2213, 4096, 16384, 65536)
+    keys = tune.target_keys(kernel.tuning, "bwd_qk", sizes, 32, 72, 2, "sdpa", True)
+    assert keys == [f"bwd_qk-D72-R32-b2-{b}-sdpa" for b in ("S256", "S1024", "S4096", "S16384", "Sbig")]
+    assert tune.target_keys(kernel.tuning, "bwd_qk", sizes, 32, 72, 2, "", False) == ["bwd_qk-D72-R32-b2-S256"]
+
+
+@pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
+def test_tune_shared_ranked_by_span_writes_where_it_says(kernel, tmp_path):
+    """The command with --shared and the span timer's code path: its log names the keys written."""
+    table, log = _tune(tmp_path, "--shared", "--timer", "span")
+    key = kernel.tuning.bucket(*BUCKET)
+    assert list(table) == [key] and log["buckets"][key]["written_to"] == [key]
+
+
 @pytest.mark.gpu
 def test_tune_on_a_gpu_compiles_the_grid_in_worker_processes_first(kernel, tmp_path):
     """--jobs: worker processes compile every candidate before the search, which then
