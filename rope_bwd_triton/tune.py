@@ -10,11 +10,11 @@ every candidate (slower, but finds joint optima the coordinate search misses), t
 candidate with the cold-L2 timer of the benchmark on representative S values of
 the bucket (or the S of --seq-lens). The score of a candidate is its mean time relative
 to the starting configuration's, averaged over those S. With --shared the winner of a
-search over several buckets' sizes is written to each of them (one kernel for all). A candidate is first checked against
-the float64 reference on the smallest S, and rejected if it is wrong. Buckets
-run in priority order (the suite's shape first, then the real models' bf16
-shapes) until --budget seconds have passed; the file and the log are rewritten
-after each bucket, so an interrupted run keeps what it finished.
+search over several buckets' sizes is written to each of them (one kernel for all). A
+candidate is first checked against the float64 reference on the smallest S, and rejected
+if it is wrong. Buckets run in priority order (the suite's shape first, then the real
+models' bf16 shapes) until --budget seconds have passed; the file and the log are
+rewritten after each bucket, so an interrupted run keeps what it finished.
 
 On a GPU, worker processes (--jobs) first compile every candidate of the grid into
 Triton's on-disk cache (for at most half the budget), so that the search itself only
