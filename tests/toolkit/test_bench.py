@@ -223,7 +223,8 @@ def test_span_of_a_multi_kernel_call_covers_all_of_it(gpu_timers):
     one = timer(lambda: torch.cuda._sleep(cycles))
     stats = timer(multi)
     assert stats.n == stats.other.n == 20  # one span per call
-    assert stats.min_us >= 1.9 * one.min_us  # minima: another process's kernels only delay a call
+    # the median sleep: another process's kernels delay some calls, which moved the mean by 13%
+    assert stats.min_us >= 1.9 * one.median_us
     assert stats.mean_us <= stats.other.mean_us + SLACK_US
 
     # the profiler's view of the same calls: each segment holds all four activities, the memcpy too
