@@ -2,8 +2,9 @@
 
 Tuned configurations ship as JSON in configs/, one file per GPU name
 (`configs/<device name, spaces as _>.json`), each mapping a shape bucket, and for some
-backward buckets a layout (see `bucket`), to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}. Unknown GPUs and buckets get the
-heuristic `default_config`. Nothing is autotuned at a user's call.
+backward buckets a layout (see `bucket`), to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}.
+Unknown GPUs and buckets get the heuristic `default_config`. Nothing is autotuned at a
+user's call.
 """
 
 import functools
