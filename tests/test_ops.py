@@ -7,6 +7,8 @@ ways); CUDA tensors run the Triton kernel. Outputs are poisoned with NaN before
 every kernel writes them, so an unwritten element fails the comparison.
 """
 
+import types
+
 import pytest
 import torch
 
@@ -285,11 +287,19 @@ def test_eager_path_matches_the_op(kernel, device, gen):
 @pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd", "bwd_q_only"])
 def test_direct_launch_gpu(kernel, dtype, mode, gen, monkeypatch):
     """After the first launch of a shape, launches skip Triton's argument binding and call the
-    compiled kernel's launcher with addresses (null for the pointers a mode does not use). It
-    must see new data, compile anew for pointers of another alignment (Triton specializes on
-    it), and call launch hooks (profilers) as Triton does."""
+    compiled kernel with addresses (null for the pointers a mode does not use), through
+    torch's launcher where torch has one. They must see new data, compile anew for pointers
+    of another alignment (Triton specializes on it), and call launch hooks (profilers) as
+    Triton does, through Triton's launcher."""
     rt = submodule(kernel, "rotary_triton")
     rt._plan.cache_clear()  # no compiled kernel left from other tests
+    static_runs, static = [], rt._static
+
+    def spy(compiled):
+        launch = static(compiled)
+        return launch and (lambda *a: static_runs.append(1) or launch(*a))
+
+    monkeypatch.setattr(rt, "_static", spy)
     S, H, D = 33, 4, 72
     cfg = dict(BLOCK_S=1, BLOCK_D=32, BLOCK_R=4, num_warps=1)  # two chunks of heads per program
     triton_runs = []
@@ -315,6 +325,8 @@ def test_direct_launch_gpu(kernel, dtype, mode, gen, monkeypatch):
     monkeypatch.setattr(rt.triton.knobs.runtime, "launch_enter_hook", lambda meta: hooked.append(meta.get()["name"]))
     check(0)
     assert len(triton_runs) == 2 and hooked == ["rotary_kernel"]
+    # the two launches of a compiled shape without hooks; CUDA builds of torch have the launcher
+    assert len(static_runs) == (2 if hasattr(torch._C, "_StaticCudaLauncher") else 0)
 
 
 @pytest.fixture
@@ -334,13 +346,49 @@ def test_direct_launch_needs_triton_internals(direct_launch_state, monkeypatch):
     monkeypatch.delattr(rt.triton, "knobs")
     stand_in = type("Compiled", (), {"run": None, "function": None, "packed_metadata": None, "launch_metadata": None})()
     with pytest.warns(RuntimeWarning, match="does not take the direct launch"):
-        assert rt._direct(stand_in) is None
+        assert rt._direct(stand_in, ()) is None
     assert rt._DIRECT["ok"] is False
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert rt._direct(stand_in) is None  # warned once
+        assert rt._direct(stand_in, ()) is None  # warned once
+
+
+def _compiled_stand_in(**metadata):
+    """What _static reads of a compiled kernel: its metadata, loaded function and signature."""
+    md = {"num_ctas": 1, "num_warps": 2, "shared": 0, "global_scratch_size": 0, "profile_scratch_size": 0, **metadata}
+    signature = {"X": "*bf16", "Y": "*fp32", "S": "i32", "H": "constexpr", "N": "i64"}
+    return types.SimpleNamespace(
+        metadata=types.SimpleNamespace(**md), function=1234, src=types.SimpleNamespace(signature=signature)
+    )
+
+
+def test_static_launch_takes_runtime_arguments_only(kernel, monkeypatch):
+    """torch's launcher gets the loaded function, the grid, warps and shared memory, one type
+    code per runtime argument (no constexprs) and a null per scratch pointer Triton appends;
+    a kernel that needs what it does not do (scratch memory, cooperative launch, several
+    CTAs), or a torch without it, gets none."""
+    rt = submodule(kernel, "rotary_triton")
+    calls = []
+    fake = types.SimpleNamespace(_launch_kernel=lambda *a: calls.append(a))
+    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", fake, raising=False)
+    launch = rt._static(_compiled_stand_in())
+    launch((7, 2), 99, (11, 12, 40, 13))
+    assert calls == [(1234, 7, 2, 1, 2, 0, "OOilOO", (11, 12, 40, 13, None, None), 99)]
+    older = _compiled_stand_in()  # a Triton without scratch pointers
+    del older.metadata.global_scratch_size, older.metadata.profile_scratch_size
+    rt._static(older)((1, 1), 0, (1, 2, 3, 4))
+    assert calls[-1][6:8] == ("OOil", (1, 2, 3, 4))
+    for unsupported in (
+        dict(global_scratch_size=256),
+        dict(launch_cooperative_grid=True),
+        dict(launch_pdl=True),
+        dict(num_ctas=2),
+    ):
+        assert rt._static(_compiled_stand_in(**unsupported)) is None, unsupported
+    monkeypatch.delattr(torch._C, "_StaticCudaLauncher")
+    assert rt._static(_compiled_stand_in()) is None
 
 
 @pytest.mark.gpu
@@ -354,7 +402,7 @@ def test_direct_launch_falls_back_gpu(direct_launch_state, gen, monkeypatch, bro
         monkeypatch.delattr(rt.triton, "knobs")
     else:
 
-        def changed(kernel):
+        def changed(kernel, const_args):
             def launch(grid, device, args):
                 raise TypeError("function takes 12 positional arguments")
 

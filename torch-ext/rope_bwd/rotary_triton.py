@@ -358,11 +358,12 @@ def _pointer_args(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1):
 _DIRECT = {"ok": True}  # False once this Triton's compiled kernels do not take the direct launch
 
 
-def _direct(kernel):
-    """A launcher (grid, device, args) that calls Triton's compiled `kernel` as
-    JITFunction.run does after binding and specializing the arguments, which costs more
-    host time than the kernel takes at small S (a training step at a few thousand tokens
-    waits on host time). These are Triton internals: None when this Triton lacks them."""
+def _direct(kernel, const_args):
+    """A launcher (grid, device, args: the pointers and S) that calls Triton's compiled
+    `kernel` as JITFunction.run does after binding and specializing the arguments, which
+    costs more host time than the kernel takes at small S (a training step at a few thousand
+    tokens waits on host time). These are Triton internals: None when this Triton lacks them.
+    Without launch hooks it goes through torch's launcher where there is one (_static)."""
     try:
         run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
         launch_metadata, runtime = kernel.launch_metadata, triton.knobs.runtime
@@ -371,16 +372,52 @@ def _direct(kernel):
     except AttributeError as e:
         _fall_back(e)
         return None
+    static = _static(kernel)
 
     def launch(grid, device, args):
         stream = current_stream(device)
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-        if _hooked(enter) or _hooked(leave):
+        if _hooked(enter) or _hooked(leave):  # profilers: Triton's launcher calls them
+            args = (*args, *const_args)
             run(
                 grid[0], grid[1], 1, stream, function, packed, launch_metadata(grid, stream, *args), enter, leave, *args
             )
+        elif static is not None:
+            static(grid, stream, args)
         else:  # Triton's hooks are empty chains by default: calling them costs host time for nothing
-            run(grid[0], grid[1], 1, stream, function, packed, None, None, None, *args)
+            run(grid[0], grid[1], 1, stream, function, packed, None, None, None, *args, *const_args)
+
+    launch.static = static is not None
+    return launch
+
+
+def _static(kernel):
+    """A launch (grid, stream, args) of the function Triton loaded for `kernel` through torch's
+    launcher of compiled Triton kernels, the one inductor launches its own with: it takes the
+    runtime arguments alone, not every constexpr, and costs about 6 us per launch on the H200's
+    host against 15 for Triton's (benchmarks/NOTES.md). torch internals: None where this torch
+    or this kernel does not take it (no such launcher, scratch memory, cooperative launch)."""
+    try:
+        from torch._C import _StaticCudaLauncher
+
+        launch_kernel = _StaticCudaLauncher._launch_kernel
+        md, function = kernel.metadata, kernel.function
+        if md.num_ctas != 1 or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False):
+            return None
+        types = {"i32": "i", "i64": "l"}
+        arg_tys = "".join("O" if t[0] == "*" else types[t] for t in kernel.src.signature.values() if t != "constexpr")
+    except (ImportError, AttributeError, KeyError):
+        return None
+    # Triton 3.5+ kernels take global and profile scratch pointers last: null when unused.
+    scratch = [getattr(md, n, None) for n in ("global_scratch_size", "profile_scratch_size")]
+    if any(scratch):
+        return None
+    scratch = tuple(None for size in scratch if size is not None)
+    arg_tys += "O" * len(scratch)
+    num_warps, shared = md.num_warps, md.shared
+
+    def launch(grid, stream, args):
+        launch_kernel(function, grid[0], grid[1], 1, num_warps, shared, arg_tys, (*args, *scratch), stream)
 
     return launch
 
@@ -452,7 +489,7 @@ def _launch(tensors, adjoint, config):
         # the driver about the pointer (cuPointerGetAttribute), for each of the ten. Unused
         # pointers are null: the kernel's constexpr flags compile their accesses away.
         try:
-            plan.launch(grid, device, (*ptrs, S, *plan.const_args))
+            plan.launch(grid, device, (*ptrs, S))
             plan.proven = True
             return
         except (AttributeError, TypeError) as e:  # Triton's launcher takes other arguments:
@@ -464,7 +501,7 @@ def _launch(tensors, adjoint, config):
     # so it always comes here, as does every launch once the direct launch has failed.
     kernel = rotary_kernel[grid](*_pointer_args(*tensors), S, **plan.consts)
     if kernel is not None and _DIRECT["ok"]:
-        plan.launch = _direct(kernel)
+        plan.launch = _direct(kernel, plan.const_args)
 
 
 def _encode_traced(strides, S):
