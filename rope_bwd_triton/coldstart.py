@@ -5,8 +5,13 @@ TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR): the real call (realcall.py: bf16,
 one qkv, sdpa's gradient layout) forward + backward at a first S, then at each of a list of
 new sizes, then at a size seen before, each timed from the host until the GPU is done.
 Loading (imports, get_kernel) is timed apart. For ours the child also records each Triton
-compilation of rotary_kernel (its key and time, through Triton's compile hooks), and with
---profile a cProfile of the first call.
+compilation of rotary_kernel (its key and time, through Triton's compile hooks).
+
+Every implementation runs once per round (--rounds), each run with caches of its own, in an
+order rotated by one each round, so that no implementation always runs first; the table gives
+each one's median over rounds with its range (one process per implementation gave Liger-Kernel's
+first call as 1153 ms in one run and 1833 ms in another). --profile adds one more child of ours,
+untimed, for a cProfile of its first call (the profiler slows the Python it watches).
 """
 
 import argparse
@@ -98,8 +103,9 @@ def child(impl, sizes, heads, head_dim, profile_path=None) -> dict:
     return {"impl": impl, "load_s": load_s, "calls": calls}
 
 
-def run_child(impl, args, workdir: Path) -> dict:
-    """The child of `impl` in a fresh process (fresh.py)."""
+def run_child(impl, args, workdir: Path, name, profile=False) -> dict:
+    """The child of `impl` in a fresh process (fresh.py) with caches of its own under workdir/`name`;
+    `profile`: with a cProfile of its first call written next to --json."""
     argv = [
         "coldstart",
         "--child",
@@ -111,36 +117,58 @@ def run_child(impl, args, workdir: Path) -> dict:
         "--head-dim",
         str(args.head_dim),
     ]
-    if args.profile and impl == "ours":
+    if profile:
         argv += ["--profile-to", str(args.json.with_suffix(".profile.txt"))]
-    return {"impl": impl, **run_fresh(argv, workdir, impl)}
+    return {"impl": impl, **run_fresh(argv, workdir, name)}
+
+
+def rounds(impls, n):
+    """[(round, impl)]: every implementation once per round, the order rotated by one each round."""
+    return [(r, impls[(r + i) % len(impls)]) for r in range(n) for i in range(len(impls))]
+
+
+def _median_range(values, fmt):
+    med = statistics.median(values)
+    return f"{med:{fmt}}" if len(values) == 1 else f"{med:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def _failures(runs):
+    failed = [r["error"] for r in runs if "error" in r]
+    return f"{len(failed)} of {len(runs)} runs failed: {failed[0]}" if failed else ""
 
 
 def markdown(runs, meta) -> str:
+    """One row per implementation over its rounds: medians, with the range over rounds."""
     rows = []
-    for r in runs:
-        if "error" in r:
-            rows.append([r["impl"], "—", "—", "—", "—", "—", r["error"]])
+    for impl in dict.fromkeys(r["impl"] for r in runs):
+        mine = [r for r in runs if r["impl"] == impl]
+        ok = [r for r in mine if "error" not in r]
+        if not ok:
+            rows.append([impl, "—", "—", "—", "—", "—", _failures(mine)])
             continue
-        first, *rest = r["calls"]
-        new = [c["ms"] for c in rest if c["new"]]
-        again = [c["ms"] for c in rest if not c["new"]]
-        compiles = [len(c["compiles"]) for c in r["calls"]] if r["calls"][0]["compiles"] is not None else None
+        new = [c["ms"] for r in ok for c in r["calls"][1:] if c["new"]]
+        again = [[c["ms"] for c in r["calls"][1:] if not c["new"]][-1] for r in ok]
+        compiles = {
+            (len(r["calls"][0]["compiles"]), sum(len(c["compiles"]) for c in r["calls"][1:]))
+            for r in ok
+            if r["calls"][0]["compiles"] is not None
+        }
         rows.append(
             [
-                r["impl"],
-                f"{r['load_s'] * 1e3:.0f}",
-                f"{first['ms']:.0f}",
+                impl,
+                _median_range([r["load_s"] * 1e3 for r in ok], ".0f"),
+                _median_range([r["calls"][0]["ms"] for r in ok], ".0f"),
                 f"{statistics.median(new):.1f} ({min(new):.1f}-{max(new):.1f})",
-                f"{again[-1]:.2f}",
-                "—" if compiles is None else f"{compiles[0]} then {sum(compiles[1:])}",
-                "",
+                _median_range(again, ".2f"),
+                " / ".join(f"{a} then {b}" for a, b in sorted(compiles)) or "—",
+                _failures(mine),
             ]
         )
     v = meta["versions"]
     head = (
         f"First calls of the real call (bf16, {meta['heads']} heads x {meta['head_dim']}, sdpa's gradient "
-        f"layout), each implementation in a fresh process with empty Triton/inductor caches; {meta['gpu']}, "
+        f"layout), each implementation in a fresh process with empty Triton/inductor caches, "
+        f"{meta['rounds']} round(s) in rotated order, median (range over rounds); {meta['gpu']}, "
         f"torch {v['torch']}, triton {v['triton']}; {meta['date']}. New sizes after the first: "
         f"{', '.join(map(str, meta['sizes'][1:]))}."
     )
@@ -173,7 +201,10 @@ def add_arguments(parser):
     parser.add_argument("--sizes", type=cli.positive_int, nargs="+", default=list(SIZES))
     parser.add_argument("--heads", type=cli.positive_int, default=16)
     parser.add_argument("--head-dim", type=cli.head_dim, default=72)
-    parser.add_argument("--profile", action="store_true", help="cProfile of ours' first call (<json>.profile.txt)")
+    parser.add_argument("--rounds", type=cli.positive_int, default=3, help="fresh processes per implementation")
+    parser.add_argument(
+        "--profile", action="store_true", help="one more, untimed, child of ours: cProfile of its first call"
+    )
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "results" / "coldstart.json")
     # The parent's arguments to each fresh child process:
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -196,8 +227,12 @@ def main(args) -> int:
         raise cli.UsageError("coldstart needs a CUDA GPU (it times Triton compilations and GPU calls)")
     use_local_build()  # the children load it with build=False
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [run_child(impl, args, Path(tmp)) for impl in args.impls]
-    meta = run_meta("cuda", sizes=args.sizes, heads=args.heads, head_dim=args.head_dim)
+        tmp = Path(tmp)
+        order = rounds(args.impls, args.rounds)
+        runs = [{"round": r, **run_child(impl, args, tmp, f"{impl}-{r}")} for r, impl in order]
+        if args.profile and "ours" in args.impls:
+            run_child("ours", args, tmp, "ours-profiled", profile=True)
+    meta = run_meta("cuda", sizes=args.sizes, heads=args.heads, head_dim=args.head_dim, rounds=args.rounds)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
     text = markdown(runs, meta)

@@ -70,3 +70,41 @@ def test_coldstart_needs_a_gpu():
         timeout=300,
     )
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_coldstart_rotates_the_order_and_reports_medians_over_rounds():
+    """Each round runs every implementation once, the first place taken in turn (the first
+    process of a run reads from a cold disk); a row gives the median over rounds and the range."""
+    from rope_bwd_triton import coldstart
+
+    assert coldstart.rounds(["a", "b", "c"], 3) == [
+        (0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a"), (2, "c"), (2, "a"), (2, "b"),
+    ]  # fmt: skip
+
+    def run(impl, first_ms, load_s, new_ms, again_ms, compiles=None):
+        calls = [{"S": 9, "ms": first_ms, "new": True, "compiles": compiles and [["k", 0.1]] * compiles}]
+        calls += [{"S": 10 + i, "ms": ms, "new": True, "compiles": compiles and []} for i, ms in enumerate(new_ms)]
+        calls.append({"S": 10, "ms": again_ms, "new": False, "compiles": compiles and []})
+        return {"impl": impl, "load_s": load_s, "calls": calls}
+
+    runs = [
+        run("ours", 1600.0, 4.0, [0.6, 4.4], 1.0, compiles=2),
+        run("ours", 530.0, 5.0, [0.8], 0.9, compiles=2),
+        run("ours", 560.0, 4.5, [0.7, 0.65], 1.1, compiles=2),
+        run("liger", 1900.0, 11.0, [1.5], 1.9),
+        {"impl": "liger", "error": "RuntimeError: no GPU"},
+        run("liger", 520.0, 8.0, [1.7, 185.0], 1.7),
+    ]
+    meta = {"heads": 16, "head_dim": 72, "rounds": 3, "gpu": "G", "date": "D", "sizes": [9, 10, 11]}
+    meta["versions"] = {"torch": "t", "triton": "tr"}
+    table = coldstart.markdown(runs, meta)
+    ours = next(line for line in table.splitlines() if line.startswith("| ours"))
+    liger = next(line for line in table.splitlines() if line.startswith("| liger"))
+    assert [c.strip() for c in ours.split("|")[1:-1]] == [
+        "ours", "4500 (4000-5000)", "560 (530-1600)", "0.7 (0.6-4.4)", "1.00 (0.90-1.10)", "2 then 0", "",
+    ]  # fmt: skip
+    assert [c.strip() for c in liger.split("|")[1:-1]] == [
+        "liger", "9500 (8000-11000)", "1210 (520-1900)", "1.7 (1.5-185.0)", "1.80 (1.70-1.90)", "—",
+        "1 of 3 runs failed: RuntimeError: no GPU",
+    ]  # fmt: skip
+    assert "3 round(s) in rotated order" in table
