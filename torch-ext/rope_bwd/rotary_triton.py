@@ -387,7 +387,6 @@ def _direct(kernel, const_args):
         else:  # Triton's hooks are empty chains by default: calling them costs host time for nothing
             run(grid[0], grid[1], 1, stream, function, packed, None, None, None, *args, *const_args)
 
-    launch.static = static is not None
     return launch
 
 
@@ -408,7 +407,7 @@ def _static(kernel):
         arg_tys = "".join("O" if t[0] == "*" else types[t] for t in kernel.src.signature.values() if t != "constexpr")
     except (ImportError, AttributeError, KeyError):
         return None
-    # Triton 3.5+ kernels take global and profile scratch pointers last: null when unused.
+    # Kernels of recent Tritons (3.6, 3.9) take global and profile scratch pointers last: null when unused.
     scratch = [getattr(md, n, None) for n in ("global_scratch_size", "profile_scratch_size")]
     if any(scratch):
         return None
