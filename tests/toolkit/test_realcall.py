@@ -73,8 +73,8 @@ def test_coldstart_needs_a_gpu():
 
 
 def test_coldstart_rotates_the_order_and_reports_medians_over_rounds():
-    """Each round runs every implementation once, the first place taken in turn (the first
-    process of a run reads from a cold disk); a row gives the median over rounds and the range."""
+    """Each round runs every implementation once, the first place taken in turn (no
+    implementation always runs first); a row gives the median over rounds and the range."""
     from rope_bwd_triton import coldstart
 
     assert coldstart.rounds(["a", "b", "c"], 3) == [
