@@ -286,25 +286,26 @@ def test_eager_path_matches_the_op(kernel, device, gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd", "bwd_q_only"])
 def test_direct_launch_gpu(kernel, dtype, mode, gen, monkeypatch):
-    """After the first launch of a shape, launches skip Triton's argument binding and call the
-    compiled kernel with addresses (null for the pointers a mode does not use), through
-    torch's launcher where torch has one. They must see new data, compile anew for pointers
-    of another alignment (Triton specializes on it), and call launch hooks (profilers) as
-    Triton does, through Triton's launcher."""
+    """Triton compiles a shape's kernel without launching it; then every launch of the shape,
+    the first too, skips Triton's argument binding and calls the compiled kernel with
+    addresses (null for the pointers a mode does not use), through torch's launcher where
+    torch has one. Launches must see new data, compile anew for pointers of another alignment
+    (Triton specializes on it), and call launch hooks (profilers) as Triton does, through
+    Triton's launcher."""
     rt = submodule(kernel, "rotary_triton")
     rt._plan.cache_clear()  # no compiled kernel left from other tests
     static_runs, static = [], rt._static
 
-    def spy(compiled):
-        launch = static(compiled)
+    def spy(compiled, device):
+        launch = static(compiled, device)
         return launch and (lambda *a: static_runs.append(1) or launch(*a))
 
     monkeypatch.setattr(rt, "_static", spy)
     S, H, D = 33, 4, 72
     cfg = dict(BLOCK_S=1, BLOCK_D=32, BLOCK_R=4, num_warps=1)  # two chunks of heads per program
-    triton_runs = []
+    triton_runs = []  # Triton's binder: compilations (warmup=True) and launches
     run = rt.rotary_kernel.run
-    monkeypatch.setattr(rt.rotary_kernel, "run", lambda *a, **kw: triton_runs.append(1) or run(*a, **kw))
+    monkeypatch.setattr(rt.rotary_kernel, "run", lambda *a, **kw: triton_runs.append(kw["warmup"]) or run(*a, **kw))
 
     def check(offset):
         # views at `offset` elements into their buffers: same shapes and strides every time
@@ -314,19 +315,19 @@ def test_direct_launch_gpu(kernel, dtype, mode, gen, monkeypatch):
         _launch_and_check(rt, mode, cfg, gq, gk, q, k, e, offset)
 
     check(0)
-    assert len(triton_runs) == 1
+    assert triton_runs == [True], "the first launch of a shape went through Triton's binder"
     check(0)
-    assert len(triton_runs) == 1, "second launch of a shape went through Triton's binder"
+    assert triton_runs == [True]
     check(1)  # 2- or 4-byte aligned pointers: another specialization, compiled by Triton
-    assert len(triton_runs) == 2
+    assert triton_runs == [True, True]
     check(1)
-    assert len(triton_runs) == 2
+    assert triton_runs == [True, True]
     hooked = []
     monkeypatch.setattr(rt.triton.knobs.runtime, "launch_enter_hook", lambda meta: hooked.append(meta.get()["name"]))
     check(0)
-    assert len(triton_runs) == 2 and hooked == ["rotary_kernel"]
-    # the two launches of a compiled shape without hooks; CUDA builds of torch have the launcher
-    assert len(static_runs) == (2 if hasattr(torch._C, "_StaticCudaLauncher") else 0)
+    assert triton_runs == [True, True] and hooked == ["rotary_kernel"]
+    # the four launches without hooks; CUDA builds of torch have the launcher
+    assert len(static_runs) == (4 if hasattr(torch._C, "_StaticCudaLauncher") else 0)
 
 
 @pytest.fixture
@@ -346,39 +347,49 @@ def test_direct_launch_needs_triton_internals(direct_launch_state, monkeypatch):
     monkeypatch.delattr(rt.triton, "knobs")
     stand_in = type("Compiled", (), {"run": None, "function": None, "packed_metadata": None, "launch_metadata": None})()
     with pytest.warns(RuntimeWarning, match="does not take the direct launch"):
-        assert rt._direct(stand_in, ()) is None
+        assert rt._direct(stand_in, (), 0) is None
     assert rt._DIRECT["ok"] is False
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert rt._direct(stand_in, ()) is None  # warned once
+        assert rt._direct(stand_in, (), 0) is None  # warned once
 
 
 def _compiled_stand_in(**metadata):
-    """What _static reads of a compiled kernel: its metadata, loaded function and signature."""
-    md = {"num_ctas": 1, "num_warps": 2, "shared": 0, "global_scratch_size": 0, "profile_scratch_size": 0, **metadata}
+    """What _static reads of a compiled kernel: its name, metadata, files and signature."""
+    md = {"num_ctas": 1, "num_warps": 2, "shared": 64, "global_scratch_size": 0, "profile_scratch_size": 0, **metadata}
     signature = {"X": "*bf16", "Y": "*fp32", "S": "i32", "H": "constexpr", "N": "i64"}
+    files = {"k.json": "/cache/k.json", "k.cubin": "/cache/k.cubin", "k.ptx": "/cache/k.ptx"}
     return types.SimpleNamespace(
-        metadata=types.SimpleNamespace(**md), function=1234, src=types.SimpleNamespace(signature=signature)
+        name="k", metadata=types.SimpleNamespace(**md), metadata_group=files, src=types.SimpleNamespace(signature=signature)
     )
 
 
 def test_static_launch_takes_runtime_arguments_only(kernel, monkeypatch):
-    """torch's launcher gets the loaded function, the grid, warps and shared memory, one type
-    code per runtime argument (no constexprs) and a null per scratch pointer Triton appends;
-    a kernel that needs what it does not do (scratch memory, cooperative launch, several
-    CTAs), or a torch without it, gets none."""
+    """torch's launcher loads the kernel's cubin from Triton's cache on the given device, then
+    gets the loaded function, the grid, warps and shared memory, one type code per runtime
+    argument (no constexprs) and a null per scratch pointer Triton appends; a kernel that
+    needs what it does not do (scratch memory, cooperative launch, several CTAs), one without
+    a cubin or one it cannot load, or a torch without it, gets none."""
     rt = submodule(kernel, "rotary_triton")
-    calls = []
-    fake = types.SimpleNamespace(_launch_kernel=lambda *a: calls.append(a))
+    loads, calls = [], []
+
+    def load(path, name, shared, device):
+        if path != "/cache/k.cubin":
+            raise RuntimeError("CUDA driver error: file not found")
+        loads.append((path, name, shared, device))
+        return 1234, 20, 0
+
+    fake = types.SimpleNamespace(_load_kernel=load, _launch_kernel=lambda *a: calls.append(a))
     monkeypatch.setattr(torch._C, "_StaticCudaLauncher", fake, raising=False)
-    launch = rt._static(_compiled_stand_in())
+    launch = rt._static(_compiled_stand_in(), 3)
+    assert loads == [("/cache/k.cubin", "k", 64, 3)]
     launch((7, 2), 99, (11, 12, 40, 13))
-    assert calls == [(1234, 7, 2, 1, 2, 0, "OOilOO", (11, 12, 40, 13, None, None), 99)]
+    assert calls == [(1234, 7, 2, 1, 2, 64, "OOilOO", (11, 12, 40, 13, None, None), 99)]
     older = _compiled_stand_in()  # a Triton without scratch pointers
     del older.metadata.global_scratch_size, older.metadata.profile_scratch_size
-    rt._static(older)((1, 1), 0, (1, 2, 3, 4))
+    rt._static(older, 0)((1, 1), 0, (1, 2, 3, 4))
     assert calls[-1][6:8] == ("OOil", (1, 2, 3, 4))
     for unsupported in (
         dict(global_scratch_size=256),
@@ -386,9 +397,11 @@ def test_static_launch_takes_runtime_arguments_only(kernel, monkeypatch):
         dict(launch_pdl=True),
         dict(num_ctas=2),
     ):
-        assert rt._static(_compiled_stand_in(**unsupported)) is None, unsupported
+        assert rt._static(_compiled_stand_in(**unsupported), 0) is None, unsupported
+    for files in ({"k.json": "/cache/k.json"}, {"k.cubin": "/elsewhere/k.cubin"}):
+        assert rt._static(types.SimpleNamespace(**{**vars(_compiled_stand_in()), "metadata_group": files}), 0) is None
     monkeypatch.delattr(torch._C, "_StaticCudaLauncher")
-    assert rt._static(_compiled_stand_in()) is None
+    assert rt._static(_compiled_stand_in(), 0) is None
 
 
 @pytest.mark.gpu
@@ -402,16 +415,22 @@ def test_direct_launch_falls_back_gpu(direct_launch_state, gen, monkeypatch, bro
         monkeypatch.delattr(rt.triton, "knobs")
     else:
 
-        def changed(kernel, const_args):
+        def changed(kernel, const_args, device):
             def launch(grid, device, args):
                 raise TypeError("function takes 12 positional arguments")
 
             return launch
 
         monkeypatch.setattr(rt, "_direct", changed)
-    triton_runs = []
+    triton_launches = []  # Triton's binder, compilations (warmup) aside
     run = rt.rotary_kernel.run
-    monkeypatch.setattr(rt.rotary_kernel, "run", lambda *a, **kw: triton_runs.append(1) or run(*a, **kw))
+
+    def spy(*a, **kw):
+        if not kw["warmup"]:
+            triton_launches.append(1)
+        return run(*a, **kw)
+
+    monkeypatch.setattr(rt.rotary_kernel, "run", spy)
     S, H, D = 40, 4, 72
     cfg = dict(BLOCK_S=1, BLOCK_D=32, BLOCK_R=8, num_warps=1)
     with pytest.warns(RuntimeWarning, match="does not take the direct launch"):
@@ -419,4 +438,4 @@ def test_direct_launch_falls_back_gpu(direct_launch_state, gen, monkeypatch, bro
             gq, gk, q, k, e = _inputs(S, H, D, torch.bfloat16, "cuda", gen)
             _launch_and_check(rt, "bwd_qk", cfg, gq, gk, q, k, e)
     assert rt._DIRECT["ok"] is False
-    assert len(triton_runs) == 4, "a launch after the failure did not go through rotary_kernel[grid]"
+    assert len(triton_launches) == 4, "a launch after the failure did not go through rotary_kernel[grid]"

@@ -356,60 +356,68 @@ def _pointer_args(x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1):
 
 
 _DIRECT = {"ok": True}  # False once this Triton's compiled kernels do not take the direct launch
+_JIT = isinstance(rotary_kernel, triton.runtime.JITFunction)  # False under the interpreter
 
 
-def _direct(kernel, const_args):
+def _direct(kernel, const_args, device):
     """A launcher (grid, device, args: the pointers and S) that calls Triton's compiled
     `kernel` as JITFunction.run does after binding and specializing the arguments, which
     costs more host time than the kernel takes at small S (a training step at a few thousand
     tokens waits on host time). These are Triton internals: None when this Triton lacks them.
-    Without launch hooks it goes through torch's launcher where there is one (_static)."""
+    Without launch hooks it goes through torch's launcher where there is one (_static).
+    Triton's own launcher, which Triton 3.6 builds with the host's C compiler (0.3 s on the
+    H200's host), is built only where it is used: with hooks, or where torch has none."""
     try:
-        run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
-        launch_metadata, runtime = kernel.launch_metadata, triton.knobs.runtime
+        runtime = triton.knobs.runtime
         runtime.launch_enter_hook, runtime.launch_exit_hook  # noqa: B018 (must exist)
+        kernel.packed_metadata, kernel.launch_metadata  # noqa: B018
         current_stream = triton.runtime.driver.active.get_current_stream
     except AttributeError as e:
         _fall_back(e)
         return None
-    static = _static(kernel)
+    static = _static(kernel, device)
 
     def launch(grid, device, args):
         stream = current_stream(device)
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-        if _hooked(enter) or _hooked(leave):  # profilers: Triton's launcher calls them
-            args = (*args, *const_args)
-            run(
-                grid[0], grid[1], 1, stream, function, packed, launch_metadata(grid, stream, *args), enter, leave, *args
-            )
-        elif static is not None:
+        hooked = _hooked(enter) or _hooked(leave)
+        if static is not None and not hooked:
             static(grid, stream, args)
+            return
+        run = kernel.run  # Triton's launcher: built, and the kernel loaded, at its first use
+        args = (*args, *const_args)
+        if hooked:  # profilers: Triton's launcher calls them
+            meta = kernel.launch_metadata(grid, stream, *args)
+            run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, meta, enter, leave, *args)
         else:  # Triton's hooks are empty chains by default: calling them costs host time for nothing
-            run(grid[0], grid[1], 1, stream, function, packed, None, None, None, *args, *const_args)
+            run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
 
     return launch
 
 
-def _static(kernel):
-    """A launch (grid, stream, args) of the function Triton loaded for `kernel` through torch's
-    launcher of compiled Triton kernels, the one inductor launches its own with: it takes the
-    runtime arguments alone, not every constexpr, and costs about 6 us per launch on the H200's
-    host against 15 for Triton's (benchmarks/NOTES.md). torch internals: None where this torch
-    or this kernel does not take it (no such launcher, scratch memory, cooperative launch)."""
+def _static(kernel, device):
+    """A launch (grid, stream, args) of `kernel` through torch's launcher of compiled Triton
+    kernels, the one inductor launches its own with. It loads the cubin from Triton's cache
+    itself, takes the runtime arguments alone, not every constexpr, and costs about 6 us per
+    launch on the H200's host against 15 for Triton's (benchmarks/NOTES.md). torch internals:
+    None where this torch or this kernel does not take it (no such launcher, scratch memory,
+    cooperative launch)."""
     try:
         from torch._C import _StaticCudaLauncher
 
         launch_kernel = _StaticCudaLauncher._launch_kernel
-        md, function = kernel.metadata, kernel.function
+        md = kernel.metadata
         if md.num_ctas != 1 or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False):
             return None
         types = {"i32": "i", "i64": "l"}
         arg_tys = "".join("O" if t[0] == "*" else types[t] for t in kernel.src.signature.values() if t != "constexpr")
-    except (ImportError, AttributeError, KeyError):
-        return None
-    # Kernels of recent Tritons (3.6, 3.9) take global and profile scratch pointers last: null when unused.
-    scratch = [getattr(md, n, None) for n in ("global_scratch_size", "profile_scratch_size")]
-    if any(scratch):
+        # Kernels of recent Tritons (3.6, 3.9) take global and profile scratch pointers last: null when unused.
+        scratch = [getattr(md, n, None) for n in ("global_scratch_size", "profile_scratch_size")]
+        if any(scratch):
+            return None
+        cubin = next(path for name, path in kernel.metadata_group.items() if name.endswith(".cubin"))
+        function = _StaticCudaLauncher._load_kernel(cubin, kernel.name, md.shared, device)[0]
+    except (ImportError, AttributeError, KeyError, StopIteration, RuntimeError):
         return None
     scratch = tuple(None for size in scratch if size is not None)
     arg_tys += "O" * len(scratch)
@@ -483,6 +491,11 @@ def _launch(tensors, adjoint, config):
     device = x_q.device.index
     plan = _plan(HQ, D, tensors[1].shape[1], adjoint, tuple(layout), tuple(config.items()), device)
     grid = (-(-S // plan.block_s), plan.n_d)  # triton.cdiv is a JIT function: slower on the host
+    if plan.launch is None and _DIRECT["ok"] and _JIT:
+        # Compiled by Triton (its binder, specialization and caches) without a launch, so that
+        # the first launch goes through the direct launcher too (see _direct).
+        kernel = rotary_kernel.warmup(*_pointer_args(*tensors), S, grid=grid, **plan.consts)
+        plan.launch = _direct(kernel, plan.const_args, device)
     if plan.launch is not None:
         # Addresses as ints: for a tensor the launcher would call data_ptr() again and ask
         # the driver about the pointer (cuPointerGetAttribute), for each of the ten. Unused
@@ -496,11 +509,8 @@ def _launch(tensors, adjoint, config):
                 raise
             _fall_back(e)
             plan.launch = None
-    # Triton's path: compiles on first use. The interpreter returns no compiled kernel,
-    # so it always comes here, as does every launch once the direct launch has failed.
-    kernel = rotary_kernel[grid](*_pointer_args(*tensors), S, **plan.consts)
-    if kernel is not None and _DIRECT["ok"]:
-        plan.launch = _direct(kernel, plan.const_args)
+    # Triton's path: the interpreter's, and every launch once the direct launch has failed.
+    rotary_kernel[grid](*_pointer_args(*tensors), S, **plan.consts)
 
 
 def _encode_traced(strides, S):
