@@ -362,7 +362,10 @@ def _compiled_stand_in(**metadata):
     signature = {"X": "*bf16", "Y": "*fp32", "S": "i32", "H": "constexpr", "N": "i64"}
     files = {"k.json": "/cache/k.json", "k.cubin": "/cache/k.cubin", "k.ptx": "/cache/k.ptx"}
     return types.SimpleNamespace(
-        name="k", metadata=types.SimpleNamespace(**md), metadata_group=files, src=types.SimpleNamespace(signature=signature)
+        name="k",
+        metadata=types.SimpleNamespace(**md),
+        metadata_group=files,
+        src=types.SimpleNamespace(signature=signature),
     )
 
 
@@ -402,6 +405,39 @@ def test_static_launch_takes_runtime_arguments_only(kernel, monkeypatch):
         assert rt._static(types.SimpleNamespace(**{**vars(_compiled_stand_in()), "metadata_group": files}), 0) is None
     monkeypatch.delattr(torch._C, "_StaticCudaLauncher")
     assert rt._static(_compiled_stand_in(), 0) is None
+
+
+@pytest.mark.parametrize("driver_up", [False, True])
+def test_start_up_hashes_triton_in_a_thread_once(kernel, monkeypatch, driver_up):
+    """Before the first compilation in a process, with Triton's driver not yet up, Triton's
+    cache key (a hash of its libraries) is computed in a thread of its own, once, while Triton
+    builds its driver utilities; with the driver up, nothing starts."""
+    import threading
+
+    import triton.runtime.cache
+
+    rt = submodule(kernel, "rotary_triton")
+    threads, done = [], threading.Event()
+
+    def triton_key():
+        threads.append(threading.current_thread())
+        done.set()
+
+    monkeypatch.setattr(triton.runtime.cache, "triton_key", triton_key)
+    monkeypatch.setattr(triton.runtime.driver, "_active", object() if driver_up else None)
+    rt._start_up.cache_clear()
+    try:
+        rt._start_up()
+        rt._start_up()
+        if not driver_up:
+            assert done.wait(10)
+            threads[0].join(10)
+    finally:
+        rt._start_up.cache_clear()
+    if driver_up:
+        assert threads == []
+    else:
+        assert len(threads) == 1 and threads[0] is not threading.main_thread() and threads[0].daemon
 
 
 @pytest.mark.gpu

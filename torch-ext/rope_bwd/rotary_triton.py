@@ -37,6 +37,7 @@ eviction hints: measured slower.
 """
 
 import functools
+import threading
 
 import torch
 import triton
@@ -449,6 +450,22 @@ def _fall_back(error):
     _DIRECT["ok"] = False
 
 
+@functools.cache
+def _start_up():
+    """Once per process, before our first compilation. Triton's first compilation in a process
+    builds its driver's C utilities (the host's C compiler, 0.3-0.4 s on the H200's host, when
+    its cache is empty) and only then hashes its own libraries for its cache key (0.4 s). The
+    two are independent: where the driver is not yet up, the hash starts now in a thread and
+    runs during the build (triton_key is cached; file reads and hashing release the GIL). The
+    thread holds no lock a forked child could need, and ends within the first call."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return
+    if getattr(triton.runtime.driver, "_active", None) is None:
+        threading.Thread(target=triton_key, name="rope_bwd: triton_key", daemon=True).start()
+
+
 class _Plan:
     """One layout's launch: constexprs (the kernel's parameter order too, since the launcher
     takes them) and, once Triton has compiled the kernel, the direct launcher."""
@@ -494,6 +511,7 @@ def _launch(tensors, adjoint, config):
     if plan.launch is None and _DIRECT["ok"] and _JIT:
         # Compiled by Triton (its binder, specialization and caches) without a launch, so that
         # the first launch goes through the direct launcher too (see _direct).
+        _start_up()
         kernel = rotary_kernel.warmup(*_pointer_args(*tensors), S, grid=grid, **plan.consts)
         plan.launch = _direct(kernel, plan.const_args, device)
     if plan.launch is not None:
