@@ -126,7 +126,7 @@ def main(args=None):
 
     rows = {
         "rotary_triton.launch, direct launcher (shape seen before)": launch,
-        "rotary_triton.launch, through Triton's kernel[grid] (plan cache cleared)": launch_uncached,
+        "rotary_triton.launch of a new plan (plan cache cleared; Triton's binder)": launch_uncached,
         "ops._launch (config lookup, device check, launch)": lambda: ops._launch(
             q, k, q_out, k_out, None, None, cos, sin, None, None, adjoint=False
         ),

@@ -369,9 +369,9 @@ def _compiled_stand_in(**metadata):
     )
 
 
-def test_static_launch_takes_runtime_arguments_only(kernel, monkeypatch):
-    """torch's launcher loads the kernel's cubin from Triton's cache on the given device, then
-    gets the loaded function, the grid, warps and shared memory, one type code per runtime
+def test_static_launch_takes_runtime_arguments_only(kernel, monkeypatch, request):
+    """torch's launcher loads the kernel's cubin from Triton's cache on the given device, once
+    per process, then gets the loaded function, the grid, warps and shared memory, one type code per runtime
     argument (no constexprs) and a null per scratch pointer Triton appends; a kernel that
     needs what it does not do (scratch memory, cooperative launch, several CTAs), one without
     a cubin or one it cannot load, or a torch without it, gets none."""
@@ -386,8 +386,12 @@ def test_static_launch_takes_runtime_arguments_only(kernel, monkeypatch):
 
     fake = types.SimpleNamespace(_load_kernel=load, _launch_kernel=lambda *a: calls.append(a))
     monkeypatch.setattr(torch._C, "_StaticCudaLauncher", fake, raising=False)
+    rt._load.cache_clear()
+    request.addfinalizer(rt._load.cache_clear)
     launch = rt._static(_compiled_stand_in(), 3)
     assert loads == [("/cache/k.cubin", "k", 64, 3)]
+    rt._static(_compiled_stand_in(), 3)
+    assert len(loads) == 1, "a kernel loaded onto a device was loaded again"
     launch((7, 2), 99, (11, 12, 40, 13))
     assert calls == [(1234, 7, 2, 1, 2, 64, "OOilOO", (11, 12, 40, 13, None, None), 99)]
     older = _compiled_stand_in()  # a Triton without scratch pointers

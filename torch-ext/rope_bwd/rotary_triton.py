@@ -417,7 +417,7 @@ def _static(kernel, device):
         if any(scratch):
             return None
         cubin = next(path for name, path in kernel.metadata_group.items() if name.endswith(".cubin"))
-        function = _StaticCudaLauncher._load_kernel(cubin, kernel.name, md.shared, device)[0]
+        function = _load(cubin, kernel.name, md.shared, device)
     except (ImportError, AttributeError, KeyError, StopIteration, RuntimeError):
         return None
     scratch = tuple(None for size in scratch if size is not None)
@@ -428,6 +428,15 @@ def _static(kernel, device):
         launch_kernel(function, grid[0], grid[1], 1, num_warps, shared, arg_tys, (*args, *scratch), stream)
 
     return launch
+
+
+@functools.cache
+def _load(cubin, name, shared, device):
+    """The function torch's launcher loads from a cubin file onto a device: once per process, so
+    that a plan built again (its cache cleared or full) loads no second copy of the module."""
+    from torch._C import _StaticCudaLauncher
+
+    return _StaticCudaLauncher._load_kernel(cubin, name, shared, device)[0]
 
 
 def _hooked(hook):
