@@ -370,11 +370,11 @@ def _compiled_stand_in(**metadata):
 
 
 def test_static_launch_takes_runtime_arguments_only(kernel, monkeypatch, request):
-    """torch's launcher loads the kernel's cubin from Triton's cache on the given device, once
-    per process, then gets the loaded function, the grid, warps and shared memory, one type code per runtime
-    argument (no constexprs) and a null per scratch pointer Triton appends; a kernel that
-    needs what it does not do (scratch memory, cooperative launch, several CTAs), one without
-    a cubin or one it cannot load, or a torch without it, gets none."""
+    """torch's launcher loads the kernel's cubin from Triton's cache onto the given device, once
+    per process, then gets the loaded function, the grid, warps and shared memory, one type
+    code per runtime argument (no constexprs) and a null per scratch pointer Triton appends. A
+    kernel that needs what it does not do (scratch memory, cooperative launch, several CTAs),
+    one without a cubin or one it cannot load, or a torch without it, gets none."""
     rt = submodule(kernel, "rotary_triton")
     loads, calls = [], []
 

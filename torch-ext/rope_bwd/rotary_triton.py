@@ -416,13 +416,13 @@ def _static(kernel, device):
         scratch = [getattr(md, n, None) for n in ("global_scratch_size", "profile_scratch_size")]
         if any(scratch):
             return None
+        num_warps, shared = md.num_warps, md.shared
         cubin = next(path for name, path in kernel.metadata_group.items() if name.endswith(".cubin"))
-        function = _load(cubin, kernel.name, md.shared, device)
+        function = _load(cubin, kernel.name, shared, device)
     except (ImportError, AttributeError, KeyError, StopIteration, RuntimeError):
         return None
     scratch = tuple(None for size in scratch if size is not None)
     arg_tys += "O" * len(scratch)
-    num_warps, shared = md.num_warps, md.shared
 
     def launch(grid, stream, args):
         launch_kernel(function, grid[0], grid[1], 1, num_warps, shared, arg_tys, (*args, *scratch), stream)
