@@ -11,7 +11,6 @@ streams, memory): what only a real GPU can show. Every test needs CUDA.
 """
 
 import contextlib
-import gc
 
 import pytest
 import torch
@@ -245,7 +244,10 @@ def _stat(name):
 def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
     """Measured in the caching allocator's requested bytes and allocation count, which
     do not depend on its block rounding: out= allocates nothing; every other call
-    exactly its results, and nothing on top of them even for a moment."""
+    exactly its results, and nothing on top of them even for a moment. Counted as what
+    the window allocates, not as current or peak bytes: those drop when a block of an
+    earlier test is freed inside the window (by another thread, or a collection), which
+    happened under parallel workers."""
     args = inputs(gen, S, H, D, dtype=dtype)
     gq, gk, q, k, emb = args
     out = poisoned_out(args)
@@ -275,17 +277,13 @@ def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
     for name, call in calls.items():
         call()  # warm-up: compilation
         torch.cuda.synchronize()
-        gc.collect()  # garbage of earlier tests, freed inside the window, would read as fewer bytes kept
-        torch.cuda.empty_cache()  # as would blocks of earlier tests whose free waited on a stream's event
-        torch.cuda.reset_peak_memory_stats()
         torch.cuda.reset_accumulated_memory_stats()
-        base = _stat("requested_bytes.all.current")
         results = call()
         torch.cuda.synchronize()
         expected = sum(t.untyped_storage().nbytes() for t in results)
+        # Every allocation of the window is one of the results: no temporaries, nothing kept.
         assert _stat("allocation.all.allocated") == sum(t.numel() > 0 for t in results), f"{name}: allocation count"
-        assert _stat("requested_bytes.all.current") - base == expected, f"{name}: keeps more than its outputs"
-        assert _stat("requested_bytes.all.peak") - base == expected, f"{name}: temporary allocations"
+        assert _stat("requested_bytes.all.allocated") == expected, f"{name}: allocates more than its outputs"
         del results
 
 
