@@ -245,9 +245,9 @@ def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
     """Measured in the caching allocator's requested bytes and allocation count, which
     do not depend on its block rounding: out= allocates nothing; every other call
     exactly its results, and nothing on top of them even for a moment. Counted as what
-    the window allocates, not as current or peak bytes: those drop when a block of an
-    earlier test is freed inside the window (by another thread, or a collection), which
-    happened under parallel workers."""
+    the window allocates, not as current or peak bytes: under parallel workers a block
+    allocated before the window was freed inside it (what freed it was not found), which
+    lowered those."""
     args = inputs(gen, S, H, D, dtype=dtype)
     gq, gk, q, k, emb = args
     out = poisoned_out(args)
