@@ -1,8 +1,9 @@
 """The kernel's machine code, without a GPU: Triton compiles rotary_kernel for an H100/H200
 (sm_90) on any machine. A layout whose strides grow with S (sdpa's gradient, passed as
 multiples of S) must get the memory accesses of the same layout with constant strides (no
-narrower vectors at head_dim 72/80), and the kernel must compile whether S reaches it as a
-runtime int (our launches) or as a constant (torch.compile may specialize it)."""
+narrower vectors at head_dim 72/80), the kernel must compile whether S reaches it as a
+runtime int (our launches) or as a constant (torch.compile may specialize it), and the
+installed Triton must keep each loaded tile in the layout it was loaded in."""
 
 import importlib
 import os
@@ -19,8 +20,9 @@ PTRS = ("X_q", "X_k", "Y_q", "Y_k", "P_q", "P_k", "T0", "T1", "G0", "G1")
 CFG = (("BLOCK_S", 1), ("BLOCK_D", 64), ("BLOCK_R", 32), ("num_warps", 2))
 
 
-def _compile(rt, consts, dtypes, S=None):
-    """rotary_kernel compiled for sm_90 (S a runtime i32, or the constant S); its PTX."""
+def _compile(rt, consts, dtypes, S=None, stage="ptx"):
+    """rotary_kernel compiled for sm_90 (S a runtime i32, or the constant S); its PTX (or the
+    code of another of Triton's stages: "ttgir")."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -31,7 +33,7 @@ def _compile(rt, consts, dtypes, S=None):
         constexprs["S"] = S
     attrs = {(k.arg_names.index(p),): [["tt.divisibility", 16]] for p in PTRS}  # 16-byte aligned pointers
     src = triton.compiler.ASTSource(fn=k, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": consts["num_warps"]}).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": consts["num_warps"]}).asm[stage]
 
 
 def _memory_ops(ptx):
@@ -88,3 +90,19 @@ def test_compiles_with_S_specialized_by_the_caller(rt, mode):
     of S must still be computed (here: the same accesses as with S at run time)."""
     consts, dtypes = _case(rt, mode, 72, torch.bfloat16, 2048, encode=True)
     assert _memory_ops(_compile(rt, consts, dtypes, S=2048)) == _memory_ops(_compile(rt, consts, dtypes))
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd_qk", "bwd"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_loaded_tiles_are_used_in_place(rt, mode, dtype):
+    """Both halves of a row come in by one load of a tile with an axis of 2, which tl.split
+    needs in each thread's registers. Where the installed Triton puts that axis on lanes
+    instead (it depends on the axis's place in the tile: rotary_triton._REGS_FIRST), it
+    regroups every loaded tile through shared memory, and each regrouping waits for its tile
+    before the next tile's loads issue: up to 1.6x the time on the H200. So no loaded tile
+    may be converted to another layout."""
+    ttgir = _compile(rt, *_case(rt, mode, 72, dtype, 4096, encode=True), stage="ttgir")
+    loaded = re.findall(r"(%\S+) = tt\.load \S+, .*tensor<(?:2x\d+x\d+x\d+|\d+x\d+x\d+x2)x!tt\.ptr", ttgir)
+    assert len(loaded) == {"fwd": 2, "bwd_qk": 2, "bwd": 4}[mode], ttgir
+    converted = [x for x in loaded if re.search(rf"ttg\.convert_layout {re.escape(x)}\b", ttgir)]
+    assert not converted, f"loaded tiles regrouped through shared memory: {converted}"

@@ -154,6 +154,25 @@ def test_launch_configurations(kernel, device, cfg, mode, D, gen):
     _launch_and_check(rt, mode, cfg, gq, gk, q, k, e)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("regs_first", [False, True])
+@pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd"])
+def test_both_places_of_the_halves_axis(kernel, device, regs_first, mode, gen, monkeypatch):
+    """The halves axis of the kernel's tiles goes first or last, whichever keeps it in
+    registers on the installed Triton (_REGS_FIRST); both placements compute the same thing
+    (the other one is what another Triton version runs), with whole-row stores or not."""
+    if device == "cpu" and not INTERPRET:
+        pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
+    rt = submodule(kernel, "rotary_triton")
+    monkeypatch.setattr(rt, "_REGS_FIRST", regs_first)
+    rt._plan.cache_clear()  # plans hold the constexprs
+    try:
+        gq, gk, q, k, e = _inputs(11, 3, 72, torch.float32, device, gen, HK=2)
+        _launch_and_check(rt, mode, dict(BLOCK_S=2, BLOCK_D=32, BLOCK_R=4, num_warps=1), gq, gk, q, k, e)
+    finally:
+        rt._plan.cache_clear()
+
+
 def _launch_and_check(rt, mode, cfg, gq, gk, q, k, e, offset=0):
     """One launch of the kernel (`rt`: the rotary_triton module) in `mode` on poisoned
     outputs (views `offset` elements into their buffers), checked against float64."""

@@ -13,12 +13,13 @@ partners (d + D/2), for every head of q and k, taken BLOCK_R // 2 q heads plus
 as many k heads at a time. Within such a chunk every load of both sides comes
 before any store: a q phase followed by a k phase would serialize, since the
 compiler cannot prove that the q outputs do not alias the k inputs. Both halves
-of a row are read (and written) by one access, a last tile axis of 2, so the partner
-comes from registers; cos/sin are evaluated once per
-token row and reused for all heads; the table gradient is a sum over heads in
-registers, in a fixed order (deterministic, no atomics). Small tiles on one
-warp measured fastest (many programs in flight per SM: benchmarks/NOTES.md); splitting
-the half dimension gives small-S launches enough programs to fill the GPU.
+of a row are read (and written) by one access, a tile axis of 2 placed where this
+Triton keeps it in registers (_REGS_FIRST), so the partner comes from registers;
+cos/sin are evaluated once per token row and reused for all heads; the table
+gradient is a sum over heads in registers, in a fixed order (deterministic, no
+atomics). Small tiles on one warp measured fastest (many programs in flight per SM:
+benchmarks/NOTES.md); splitting the half dimension gives small-S launches enough
+programs to fill the GPU.
 
 Compiled once per layout, never per sequence length: training on images of many
 sizes sees a new S nearly every step. Only the pointers and S are runtime
@@ -37,6 +38,7 @@ eviction hints: measured slower.
 """
 
 import functools
+import re
 import threading
 
 import torch
@@ -45,48 +47,61 @@ import triton.language as tl
 
 
 @triton.jit
-def _halves(base, s_h, h, half_off):
-    """Pointers [tokens, heads, channels, 2] to both halves of heads h: base points at
-    [tokens, 1, channels] of head 0's first half."""
-    return (base + h * s_h)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :] * half_off
+def _halves(base, s_h, h, half_off, mask, FIRST: tl.constexpr):
+    """Pointers and mask for both halves of heads h, the halves axis first ([2, tokens, heads,
+    channels]) or last ([tokens, heads, channels, 2]): base points at [tokens, 1, channels] of
+    head 0's first half, mask is [tokens, heads, channels]."""
+    if FIRST:
+        m = mask[None, :, :, :]
+        return (base + h * s_h)[None, :, :, :] + tl.arange(0, 2)[:, None, None, None] * half_off, m
+    else:
+        m = mask[:, :, :, None]
+        return (base + h * s_h)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :] * half_off, m
 
 
 @triton.jit
-def _load_halves(base, s_h, h, half_off, mask):
+def _load_halves(base, s_h, h, half_off, mask, REGS_FIRST: tl.constexpr):
     """Both halves of heads h (float32), read by one access: when a half row is not a whole
     number of 32-byte sectors (bf16 head_dim 72: 72 bytes), the sectors it shares with the other
-    half then reach the L2 once, not once per half."""
-    x = tl.load(_halves(base, s_h, h, half_off), mask=mask[:, :, :, None], other=0.0)
-    return tl.split(x.to(tl.float32))
+    half then reach the L2 once, not once per half. The halves axis is placed where Triton keeps
+    it in each thread's registers (REGS_FIRST, see _REGS_FIRST), as the split needs: placed
+    elsewhere, Triton spreads it over lanes and regroups each loaded tile through shared memory,
+    whose wait for the tile's data comes before the next tile's loads issue."""
+    ptrs, m = _halves(base, s_h, h, half_off, mask, REGS_FIRST)
+    x = tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+    if REGS_FIRST:
+        x = tl.permute(x, (1, 2, 3, 0))
+    return tl.split(x)
 
 
 @triton.jit
-def _load_side(x, p, sx_h, sp_h, h, x_half, p_half, mask, READ: tl.constexpr, GRAD_TABLE: tl.constexpr):
+def _load_side(
+    x, p, sx_h, sp_h, h, x_half, p_half, mask, READ: tl.constexpr, GRAD_TABLE: tl.constexpr, REGS_FIRST: tl.constexpr
+):
     """Halves of heads h of one side: x (when the side is read) and p (when the table needs a
     gradient). What is not read comes back as zeros, which the compiler drops."""
     zero = tl.zeros(mask.shape, tl.float32)
     x1, x2, p1, p2 = zero, zero, zero, zero
     if READ:
-        x1, x2 = _load_halves(x, sx_h, h, x_half, mask)
+        x1, x2 = _load_halves(x, sx_h, h, x_half, mask, REGS_FIRST)
     if GRAD_TABLE:
-        p1, p2 = _load_halves(p, sp_h, h, p_half, mask)
+        p1, p2 = _load_halves(p, sp_h, h, p_half, mask, REGS_FIRST)
     return x1, x2, p1, p2
 
 
 @triton.jit
-def _store_halves(base, s_h, h, half_off, y1, y2, mask, ROW_STORE: tl.constexpr):
-    """Both halves of heads h, written by one access. ROW_STORE: pointers [2, tokens, heads,
-    channels], halves axis first, so that Triton puts it on the lanes rather than in each
-    thread's registers, and one store instruction writes whole rows: with the axis in
-    registers each instruction writes one half of its rows, and the 32-byte sectors that two
-    halves share (bf16 head_dim 72: 72-byte halves) go to the L2 once per half. It costs a
-    register shuffle of the values (see _row_store)."""
+def _store_halves(base, s_h, h, half_off, y1, y2, mask, ROW_STORE: tl.constexpr, REGS_FIRST: tl.constexpr):
+    """Both halves of heads h, written by one access. ROW_STORE: the halves axis where Triton
+    puts it on the lanes rather than in each thread's registers, so that one store instruction
+    writes whole rows: with the axis in registers each instruction writes one half of its rows,
+    and the 32-byte sectors that two halves share (bf16 head_dim 72: 72-byte halves) go to the L2
+    once per half. It costs a register shuffle of the values (see _row_store)."""
+    FIRST: tl.constexpr = ROW_STORE != REGS_FIRST
     y = tl.join(y1, y2).to(base.dtype.element_ty)
-    if ROW_STORE:
-        ptrs = (base + h * s_h)[None, :, :, :] + tl.arange(0, 2)[:, None, None, None] * half_off
-        tl.store(ptrs, tl.permute(y, (3, 0, 1, 2)), mask=mask[None, :, :, :])
-    else:
-        tl.store(_halves(base, s_h, h, half_off), y, mask=mask[:, :, :, None])
+    if FIRST:
+        y = tl.permute(y, (3, 0, 1, 2))
+    ptrs, m = _halves(base, s_h, h, half_off, mask, FIRST)
+    tl.store(ptrs, y, mask=m)
 
 
 @triton.jit
@@ -179,6 +194,7 @@ def rotary_kernel(
     WRITE_K: tl.constexpr,
     GRAD_TABLE: tl.constexpr,
     ROW_STORE: tl.constexpr,
+    REGS_FIRST: tl.constexpr,
 ):
     BLOCK_H: tl.constexpr = BLOCK_R // 2  # heads per side in one chunk
     # Strides of dimensions other than the tokens' may grow with S (see _encode).
@@ -213,10 +229,10 @@ def rotary_kernel(
         n1 = tl.load(T1 + s2 * st1_s + d2 * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
         n2 = tl.load(T1 + s2 * st1_s + (d2 + HALF) * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
     xq1, xq2, pq1, pq2 = _load_side(
-        xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, m_sd & (h < HQ), READ_Q, GRAD_TABLE
+        xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, m_sd & (h < HQ), READ_Q, GRAD_TABLE, REGS_FIRST
     )
     xk1, xk2, pk1, pk2 = _load_side(
-        xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, m_sd & (h < HK), READ_K, GRAD_TABLE
+        xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, m_sd & (h < HK), READ_K, GRAD_TABLE, REGS_FIRST
     )
     if ANGLES:
         c1 = tl.cos(t1)
@@ -245,8 +261,12 @@ def rotary_kernel(
         mq = m_sd & (h < HQ)
         mk = m_sd & (h < HK)
         if h0 > 0:  # chunk 0 is loaded above; every load of both sides comes before any store
-            xq1, xq2, pq1, pq2 = _load_side(xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, mq, READ_Q, GRAD_TABLE)
-            xk1, xk2, pk1, pk2 = _load_side(xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, mk, READ_K, GRAD_TABLE)
+            xq1, xq2, pq1, pq2 = _load_side(
+                xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, mq, READ_Q, GRAD_TABLE, REGS_FIRST
+            )
+            xk1, xk2, pk1, pk2 = _load_side(
+                xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, mk, READ_K, GRAD_TABLE, REGS_FIRST
+            )
         if GRAD_TABLE:
             # grad_cos = sum g*p ; grad_sin = sum g*rotate_half(p), rotate_half(p) = (-p2, p1)
             # One reduction per quantity over both sides (masked heads hold zeros): half the
@@ -267,6 +287,7 @@ def rotary_kernel(
                 xq2 * c2b + xq1 * b,
                 mq,
                 ROW_STORE,
+                REGS_FIRST,
             )
         if WRITE_K:
             _store_halves(
@@ -278,6 +299,7 @@ def rotary_kernel(
                 xk2 * c2b + xk1 * b,
                 mk,
                 ROW_STORE,
+                REGS_FIRST,
             )
 
     if GRAD_TABLE:
@@ -301,6 +323,19 @@ def _encode(strides, S):
     if unit == 0 or max(strides) < unit:  # the common case: nothing outside the tokens
         return strides
     return tuple([strides[0]] + [-(st // S) if st and st % unit == 0 else st for st in strides[1:]])
+
+
+def _triton_version():
+    return tuple(int(n) for n in re.findall(r"\d+", triton.__version__)[:2])
+
+
+# Where a pointer tile's halves axis (of size 2, after the contiguous channels) must go for
+# Triton to keep it in each thread's registers: Triton orders the tile's non-contiguous axes,
+# which tie, one way up to 3.6 (the axis last stays in registers) and the other way from 3.7 on
+# (first). Elsewhere every loaded tile is regrouped through shared memory, and each regrouping
+# waits for its data before the next tile's loads issue: up to 1.6x the time of the kernel
+# compiled by Triton 3.9 on the H200 (benchmarks/NOTES.md). tests/test_codegen.py checks it.
+_REGS_FIRST = _triton_version() >= (3, 7)
 
 
 def _row_store(half, itemsize, grad_table):
@@ -333,6 +368,7 @@ def _constexprs(HQ, D, HK, adjoint, layout, config):
         WRITE_K=y_k is not None,
         GRAD_TABLE=g0 is not None,
         ROW_STORE=_row_store(D // 2, y_dtype.itemsize, g0 is not None),
+        REGS_FIRST=_REGS_FIRST,
         num_warps=cfg["num_warps"],
     )
 
