@@ -25,6 +25,8 @@ COMMANDS = {
     "host": "host time per call of each layer of the launch path, and of a never-seen S",
     "copybound": "ours against the best plain Triton copy of each task's bytes on the 16 public workloads",
     "ncu": "Nsight Compute counters of our kernel and of a streaming kernel over the same bytes: metrics, run, report",
+    "crosstriton": "our kernel compiled by another Triton version (compile: any machine), checked and timed beside "
+    "this machine's Triton (run: a CUDA GPU)",
     "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
     "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary",
     "card": "write CARD.md (the Hub card) from README.md's card part",

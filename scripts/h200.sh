@@ -23,6 +23,8 @@
 #   host   host time per call of the launch path (python -m rope_bwd_triton host)
 #   copybound  ours against the best plain Triton copy of each task's bytes on the suite
 #          (python -m rope_bwd_triton copybound)
+#   crosstriton  our kernel as another Triton compiled it (cubins of `crosstriton compile`, carried
+#          in CROSS_CUBINS, default .cubins/3.9) beside this machine's Triton
 #   ncu    hardware counters of our kernel and of a streaming kernel over the same bytes
 #          (python -m rope_bwd_triton ncu run under Nsight Compute, then ncu report)
 set -uo pipefail
@@ -58,6 +60,7 @@ for stage in "$@"; do
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
     host)  python3 -m rope_bwd_triton host ${HOST_ARGS:-} | tee "$OUT/host.txt" ;;
+    crosstriton) python3 -m rope_bwd_triton crosstriton run "${CROSS_CUBINS:-.cubins/3.9}" --json "$OUT/crosstriton.json" ;;
     copybound) python3 -m rope_bwd_triton copybound --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
            ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 -m rope_bwd_triton ncu metrics)" \

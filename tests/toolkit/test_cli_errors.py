@@ -57,6 +57,10 @@ CASES = [
     ),
     (["ncu", "run"], r"ncu run: error: the following arguments are required: --labels"),
     (["copybound", "--quick", "--json"], r"copybound: error: argument --json: expected one argument"),
+    (["crosstriton", "run", "absent"], r"crosstriton: error: folder: no meta\.json in absent"),
+    (["crosstriton", "run", "x", "--calls", "0"], r"crosstriton run: error: argument --calls: must be a positive"),
+    (["crosstriton", "compile"], r"crosstriton compile: error: the following arguments are required: --out"),
+    (["crosstriton", "compile", "--out"], r"crosstriton compile: error: argument --out: expected one argument"),
 ]
 OUT_FLAGS = {
     "demo": ["--out"],
@@ -70,6 +74,8 @@ OUT_FLAGS = {
     "copybound": ["--json"],
     "ncu": [],
     "ncu report": ["--markdown"],
+    "crosstriton": [],
+    "crosstriton run": ["--json"],
 }
 
 

@@ -531,16 +531,10 @@ def _plan(HQ, D, HK, adjoint, layout, config, device):
     return _Plan(_constexprs(HQ, D, HK, adjoint, layout, config))
 
 
-def _launch(tensors, adjoint, config):
-    x_q = tensors[0]
-    S, HQ, D = x_q.shape
-    if S == 0:
-        return
-    if type(x_q) is not torch.Tensor:  # traced by torch.compile
-        _launch_traced(tensors, adjoint, config)
-        return
-    # This key is most of the host time of a launch seen before: one pass over the tensors, and
-    # _encode only for strides that reach past the tokens (the test is _encode's first).
+def _key(tensors, S):
+    """The ten tensors' addresses (0 for None) and their layout (see _constexprs). This key is
+    most of the host time of a launch seen before: one pass over the tensors, and _encode only
+    for strides that reach past the tokens (the test is _encode's first)."""
     ptrs, layout = [], []
     for t in tensors:
         if t is None:
@@ -550,8 +544,20 @@ def _launch(tensors, adjoint, config):
             p, st = t.data_ptr(), t.stride()
             ptrs.append(p)
             layout.append((st if max(st) < S * st[0] else _encode(st, S), t.dtype, p % 16 == 0))
+    return ptrs, tuple(layout)
+
+
+def _launch(tensors, adjoint, config):
+    x_q = tensors[0]
+    S, HQ, D = x_q.shape
+    if S == 0:
+        return
+    if type(x_q) is not torch.Tensor:  # traced by torch.compile
+        _launch_traced(tensors, adjoint, config)
+        return
+    ptrs, layout = _key(tensors, S)
     device = x_q.device.index
-    plan = _plan(HQ, D, tensors[1].shape[1], adjoint, tuple(layout), tuple(config.items()), device)
+    plan = _plan(HQ, D, tensors[1].shape[1], adjoint, layout, tuple(config.items()), device)
     grid = (-(-S // plan.block_s), plan.n_d)  # triton.cdiv is a JIT function: slower on the host
     if plan.launch is None and _DIRECT["ok"] and _JIT:
         # Compiled by Triton (its binder, specialization and caches) without a launch, so that

@@ -99,7 +99,13 @@ def config_for(
 
 
 def _bucket_config(mode, s_bucket_, HQ, HK, D, elem_size, device, layout=""):
-    name, n_sm = _device_props(device)
+    return gpu_config(*_device_props(device), mode, s_bucket_, HQ, HK, D, elem_size, layout)
+
+
+def gpu_config(name, n_sm, mode, s_bucket_, HQ, HK, D, elem_size, layout=""):
+    """The configuration of an S bucket on the GPU named `name` (with n_sm SMs), which need not
+    be this machine's: the tuned one of its bucket and layout, else of its bucket, else
+    default_config at the bucket's size."""
     R, S = HQ + HK, bucket_size(s_bucket_)
     table = tuned_table(name)
     return (
