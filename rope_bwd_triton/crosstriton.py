@@ -136,14 +136,14 @@ def compile_cases(rt, tuning, gpu: str, n_sm: int, out: Path) -> list:
     return meta
 
 
-def cubin_launch(path: Path, m: dict, ts, S: int):
+def cubin_launch(rt, path: Path, m: dict, ts, S: int):
     """A launch of the cubin at `path` (meta entry m) on the tensors ts, through torch's launcher
-    of compiled Triton kernels (rotary_triton._static's): pointers, S, then a null pointer for
-    each scratch buffer that this Triton's kernels take."""
+    of compiled Triton kernels, loaded as rotary_triton._static loads its own: pointers, S, then
+    a null pointer for each scratch buffer that the compiling Triton's kernels take."""
     import torch
     from torch._C import _StaticCudaLauncher
 
-    function = _StaticCudaLauncher._load_kernel(str(path), m["name"], m["shared"], torch.cuda.current_device())[0]
+    function = rt._load(str(path), m["name"], m["shared"], torch.cuda.current_device())
     scratch = tuple(None for size in m["scratch"] if size is not None)
     args = (*(t.data_ptr() for t in ts), S, *scratch)
     types = "O" * len(ts) + "i" + "O" * len(scratch)
@@ -176,7 +176,7 @@ def run(rt, folder: Path, calls: int, rounds: int) -> dict:
         S = case[2]
         launches = {
             "this": lambda: rt._launch(ts, adjoint, m["config"]),
-            "other": cubin_launch(folder / f"{tag(case)}.cubin", m, rt._pointer_args(*ts), S),
+            "other": cubin_launch(rt, folder / f"{tag(case)}.cubin", m, rt._pointer_args(*ts), S),
         }
         errs = {}
         for name, launch in launches.items():
