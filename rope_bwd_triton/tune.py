@@ -1,6 +1,7 @@
 """`python -m rope_bwd_triton tune`: search launch configurations on this GPU and
-write torch-ext/rope_bwd/configs/<GPU name>.json (merged with what is there), which
-the package reads at run time (tuning.config_for): no autotuning at a user's call.
+write torch-ext/rope_bwd/configs/<GPU name>.json (<GPU name>.from-triton-3.7.json under
+Triton 3.7 and later; merged with what is there), which the package reads at run time
+(tuning.config_for): no autotuning at a user's call.
 
 For each bucket (mode x dtype x head_dim x S bucket, heads fixed) the search
 starts at the package's current configuration (the shipped tuned one, else
@@ -260,7 +261,10 @@ def run(args) -> dict:
     kernel = load_kernel()
     tuning = kernel.tuning
     name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
-    out = args.out or REPO_ROOT / "torch-ext" / "rope_bwd" / "configs" / tuning.device_file(name).name
+    out = (
+        args.out
+        or REPO_ROOT / "torch-ext" / "rope_bwd" / "configs" / tuning.device_file(name, tuning.later_triton()).name
+    )
     # CUDA events by default: they rank candidates, and the profiler's host cost eats budget
     timer = ColdL2Timer(device, calls=args.calls, warmup=2, primary=args.timer, profile=args.timer == "span")
     H = args.heads

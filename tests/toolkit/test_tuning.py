@@ -82,6 +82,31 @@ def test_layout_entries_take_precedence_and_fall_back(tuning, tmp_path):
     assert tuning.config_for("bwd_qk", 1000, H, H, D, 2, cpu, "sdpa") == generic
 
 
+@pytest.mark.parametrize("later", [False, True])
+def test_later_triton_table_overrides_only_there(tuning, tmp_path, monkeypatch, later):
+    """Triton 3.7 and later lay out the kernel's tiles otherwise than 3.6: their table's
+    entries override the GPU's table there, and are never read by 3.6 and before."""
+    H, D = 16, 72
+    key, other = (tuning.bucket("bwd_qk", 4096, 2 * H, D, 2, layout) for layout in ("sdpa", ""))
+    base = {key: {"BLOCK_S": 2, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 4}}
+    base[other] = {"BLOCK_S": 1, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 2}
+    overlay = {key: {"BLOCK_S": 1, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 1}}
+    assert tuning.device_file("Fake GPU 9000", True) == tmp_path / "Fake_GPU_9000.from-triton-3.7.json"
+    tuning.device_file("Fake GPU 9000").write_text(json.dumps(base))
+    tuning.device_file("Fake GPU 9000", True).write_text(json.dumps(overlay))
+    monkeypatch.setattr(tuning, "later_triton", lambda: later)
+    cpu = torch.device("cpu")
+    assert tuning.config_for("bwd_qk", 4000, H, H, D, 2, cpu, "sdpa") == (overlay if later else base)[key]
+    assert tuning.config_for("bwd_qk", 4000, H, H, D, 2, cpu) == base[other]  # not in the overlay: the GPU's
+
+
+def test_later_triton_is_this_tritons_tile_order(kernel):
+    import triton
+
+    version = tuple(int(n) for n in triton.__version__.split(".")[:2])
+    assert kernel.tuning.later_triton() is (version >= (3, 7))
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("elem", [2, 4])
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "bwd_qk"])

@@ -2,7 +2,8 @@
 
 Tuned configurations ship as JSON in configs/, one file per GPU name
 (`configs/<device name, spaces as _>.json`), each mapping a shape bucket, and for some
-backward buckets a layout (see `bucket`), to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}.
+backward buckets a layout (see `bucket`), to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}; and
+`<device name>.from-triton-3.7.json`, entries for Triton 3.7 and later that override those.
 Unknown GPUs and buckets get the heuristic `default_config`. Nothing is autotuned at a
 user's call.
 """
@@ -50,14 +51,31 @@ def bucket(mode: str, S: int, R: int, D: int, elem_size: int, layout: str = "") 
     return f"{key}-{layout}" if layout else key
 
 
-def device_file(device_name: str) -> Path:
-    return CONFIG_DIR / (device_name.replace(" ", "_").replace("/", "_") + ".json")
+LATER_TRITON = "from-triton-3.7"  # names the tables of entries for Triton 3.7 and later (see tuned_table)
+
+
+def device_file(device_name: str, later_triton: bool = False) -> Path:
+    stem = device_name.replace(" ", "_").replace("/", "_")
+    return CONFIG_DIR / (f"{stem}.{LATER_TRITON}.json" if later_triton else f"{stem}.json")
+
+
+def later_triton() -> bool:
+    """Whether this Triton is 3.7 or later, which lays out the kernel's tiles otherwise than
+    3.6 and before (rotary_triton._REGS_FIRST), so that some shapes want other configurations."""
+    try:
+        from .rotary_triton import _REGS_FIRST
+    except ImportError:  # no Triton: nothing is launched
+        return False
+    return _REGS_FIRST
 
 
 @functools.cache
 def tuned_table(device_name: str) -> dict:
-    path = device_file(device_name)
-    return json.loads(path.read_text()) if path.exists() else {}
+    """The GPU's table; with Triton 3.7 and later, its entries for those versions override."""
+    table = {}
+    for path in [device_file(device_name)] + ([device_file(device_name, True)] if later_triton() else []):
+        table.update(json.loads(path.read_text()) if path.exists() else {})
+    return table
 
 
 def default_config(mode: str, S: int, R: int, D: int, elem_size: int, n_sm: int = 132) -> dict:
