@@ -24,7 +24,8 @@
 #   copybound  ours against the best plain Triton copy of each task's bytes on the suite
 #          (python -m rope_bwd_triton copybound)
 #   crosstriton  our kernel as another Triton compiled it (cubins of `crosstriton compile`, carried
-#          in CROSS_CUBINS, default .cubins/3.9) beside this machine's Triton
+#          in CROSS_CUBINS: folders, default .cubins/3.9) beside this machine's Triton; folders of
+#          `compile --tune` write that Triton's table (copied to $OUT)
 #   ncu    hardware counters of our kernel and of a streaming kernel over the same bytes
 #          (python -m rope_bwd_triton ncu run under Nsight Compute, then ncu report)
 set -uo pipefail
@@ -60,7 +61,9 @@ for stage in "$@"; do
     demo)  python3 -m rope_bwd_triton demo --out "$OUT" ;;
     kbench) python3 -m rope_bwd_triton build >/dev/null && python3 -c 'import sys; from kernels.cli import main; sys.exit(main())' benchmark "$PWD" --output "$OUT/kernels-benchmark.json" ;;
     host)  python3 -m rope_bwd_triton host ${HOST_ARGS:-} | tee "$OUT/host.txt" ;;
-    crosstriton) python3 -m rope_bwd_triton crosstriton run "${CROSS_CUBINS:-.cubins/3.9}" --json "$OUT/crosstriton.json" ;;
+    crosstriton) ok=0; for c in ${CROSS_CUBINS:-.cubins/3.9}; do
+               python3 -m rope_bwd_triton crosstriton run "$c" --json "$OUT/crosstriton-$(basename "$c").json" || ok=1
+             done; cp torch-ext/rope_bwd/configs/*.json "$OUT/"; [ $ok -eq 0 ] ;;
     copybound) python3 -m rope_bwd_triton copybound --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
            ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 -m rope_bwd_triton ncu metrics)" \

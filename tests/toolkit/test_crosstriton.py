@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rope_bwd_triton import __main__ as toolkit
-from rope_bwd_triton import crosstriton, suite
+from rope_bwd_triton import crosstriton, suite, tune
 from rope_bwd_triton.load import submodule
 
 from ..helpers import HAS_CUDA, INTERPRET
@@ -34,11 +34,51 @@ def test_compile_writes_a_cubin_per_case(kernel, tmp_path, capsys):
         assert m["config"] == tuning.gpu_config("NVIDIA H200", 132, mode, tuning.s_bucket(S), 16, 16, D, elem, layout)
         assert m["num_warps"] == m["config"]["num_warps"] and m["name"] == "rotary_kernel"
         assert (out / f"{crosstriton.tag(m['case'])}.cubin").read_bytes()[:4] == b"\x7fELF"
-    # the sdpa layout's own tuned entry, not the contiguous one's
+    # the sdpa layout's own tuned entry, for this Triton's versions
     (sdpa,) = [m for m in meta["cases"] if m["case"] == ["real_bwd", 72, 4096, "bfloat16", "sdpa"]]
-    (flash,) = [m for m in meta["cases"] if m["case"] == ["real_bwd", 72, 4096, "bfloat16", "flash"]]
-    assert sdpa["config"] != flash["config"]
+    assert sdpa["config"] == tuning.tuned_table("NVIDIA H200")["bwd_qk-D72-R32-b2-S4096-sdpa"]
+    assert meta["later_triton"] is tuning.later_triton() and meta["sms"] == 132
     assert capsys.readouterr().out.startswith(f"15 cubins compiled by Triton {triton.__version__} for sm_90a")
+
+
+@pytest.fixture
+def small_tune(monkeypatch):
+    """--tune over one kind and two candidates (the whole grid takes minutes to compile)."""
+    kind = ("real_bwd", 72, "bfloat16", "sdpa")
+    few = [
+        {"BLOCK_S": 1, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 1},
+        {"BLOCK_S": 4, "BLOCK_D": 64, "BLOCK_R": 8, "num_warps": 2},
+    ]
+    monkeypatch.setattr(crosstriton, "TUNE_KINDS", (kind,))
+    monkeypatch.setattr(crosstriton, "tune_candidates", lambda D: list(few))
+    return kind, few
+
+
+def test_tune_candidates_keep_half_rows_whole():
+    for D in (72, 80):
+        cands = crosstriton.tune_candidates(D)
+        assert cands and all(c["BLOCK_D"] == 64 and tune.candidate_ok(c) for c in cands)
+        assert {c["BLOCK_D"] for c in tune.grid(D, 32)} > {64}  # the narrower blocks are left out
+
+
+@needs_compiler
+def test_compile_tune_writes_each_candidate_and_the_tables_config(kernel, tmp_path, capsys, small_tune):
+    kind, few = small_tune
+    out = tmp_path / "cubins"
+    assert toolkit.main(["crosstriton", "compile", "--tune", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    tuning = submodule(kernel, "tuning")
+    assert [b[1] for b in meta["buckets"]] == list(tune.S_REPS)
+    table = tuning.tuned_table("NVIDIA H200")
+    for k, bucket, key, config in meta["buckets"]:
+        S = tuning.bucket_size(bucket)
+        assert tuple(k) == kind and key == tuning.bucket("bwd_qk", S, 32, 72, 2, "sdpa")
+        assert config == table.get(key, tuning.gpu_config("NVIDIA H200", 132, "bwd_qk", bucket, 16, 16, 72, 2, "sdpa"))
+    compiled = [m["config"] for m in meta["tune"]]
+    expect = {tuple(c.items()): c for c in few + [b[3] for b in meta["buckets"]]}
+    assert compiled == list(expect.values())  # the table's own configurations are candidates too
+    assert all((out / m["file"]).read_bytes()[:4] == b"\x7fELF" for m in meta["tune"])
+    assert capsys.readouterr().out.startswith(f"{len(compiled)} candidate cubins compiled by Triton")
 
 
 def _package_results(kernel, case, ts):
@@ -86,3 +126,25 @@ def test_run_on_the_gpu(kernel, tmp_path, capsys):
         assert all(us > 0 for us in row["us"].values())
         assert all(e <= suite.TOLERANCE[row["case"][3]] for e in row["rel_err"].values())
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {result}"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_run_tune_on_the_gpu(kernel, tmp_path, capsys, small_tune):
+    """--tune's search on cubins of this machine's Triton: each bucket gets a checked candidate,
+    merged into the table named, whose other entries stay."""
+    out, result, table = tmp_path / "cubins", tmp_path / "tune.json", tmp_path / "table.json"
+    table.write_text(json.dumps({"other-key": {"BLOCK_S": 1}}))
+    assert toolkit.main(["crosstriton", "compile", "--tune", "--out", str(out)]) == 0
+    argv = ["crosstriton", "run", str(out), "--calls", "2", "--json", str(result), "--configs-out", str(table)]
+    assert toolkit.main(argv) == 0
+    meta, run = json.loads((out / "meta.json").read_text()), json.loads(result.read_text())
+    written = json.loads(table.read_text())
+    keys = [b[2] for b in meta["buckets"]]
+    assert set(written) == {"other-key", *keys} and set(run["tuned"]) == set(keys)
+    candidates = [m["config"] for m in meta["tune"]]
+    for key in keys:
+        b = run["buckets"][key]
+        assert written[key] == b["best"] in candidates and not b["failed"]
+        assert [r["config"] for r in b["us"]] == candidates
+        assert all(len(r["us"]) == len(b["sizes"]) and min(r["us"]) > 0 for r in b["us"])
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {table} and {result}"
