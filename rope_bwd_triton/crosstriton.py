@@ -171,13 +171,15 @@ def tune_candidates(D: int) -> list:
 def compile_tune(rt, out: Path, current: dict) -> list:
     """Every candidate of each TUNE_KINDS kind, and the configurations its table gives now
     (`current`: {kind: [config]}), compiled into out/; the list that meta.json holds."""
+    from .tune import SEARCHED
+
     meta = []
     for kind in TUNE_KINDS:
         task, D, dtype, layout = kind
         case = (task, D, 4096, dtype, layout)
-        configs = {tuple(c.items()): c for c in tune_candidates(D) + current[kind]}
+        configs = {tuple(c[k] for k in SEARCHED): c for c in tune_candidates(D) + current[kind]}
         for cfg in configs.values():
-            name = f"{task}-{layout}-D{D}-{dtype}-" + "-".join(str(v) for v in cfg.values()) + ".cubin"
+            name = f"{task}-{layout}-D{D}-{dtype}-" + "-".join(str(cfg[k]) for k in SEARCHED) + ".cubin"
             meta.append(dict(kind=list(kind), **compile_one(rt, case, cfg, out / name)))
     return meta
 
