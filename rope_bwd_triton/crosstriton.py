@@ -266,11 +266,18 @@ def run(rt, tuning, folder: Path, saved: dict, calls: int, rounds: int) -> dict:
     )
 
 
+def shared_winner(candidates, sizes: list):
+    """Of the candidates, the one of the least mean time relative to the fastest at each size
+    (sizes: [{candidate: time}], each holding every candidate): the score of `tune --shared`."""
+    return min(candidates, key=lambda i: sum(t[i] / min(t.values()) for t in sizes))
+
+
 def run_tune(rt, folder: Path, saved: dict, calls: int) -> dict:
     """tune's search over the cubins of `compile --tune`: every candidate checked against float64
-    on its kind's smallest S, then timed on each S bucket's sizes (tune.S_REPS); a candidate's
-    score is its mean time relative to the fastest at each S. {"tuned": {table key: winner},
-    "buckets": {table key: the search}}."""
+    on its kind's smallest S, then timed at each S bucket's sizes (tune.S_REPS). As with `tune
+    --shared`, one winner per kind goes to all its buckets (shared_winner over all their sizes),
+    so that the Qwen call compiles one kernel for images of any size.
+    Returns {"tuned": {table key: winner}, "buckets": {table key: the search}}."""
     import torch
 
     from . import suite
@@ -280,11 +287,11 @@ def run_tune(rt, folder: Path, saved: dict, calls: int) -> dict:
     device = torch.device("cuda")
     timer = _timer(calls)
     generator = torch.Generator(device=device).manual_seed(0)
-    tuned, buckets, checked = {}, {}, {}
-    for kind, bucket, key, current in saved["buckets"]:
+    checked, times = {}, {}  # kind: candidates that passed; table key: [{candidate: us} per size]
+    for kind, bucket, key, _ in saved["buckets"]:
         task, D, dtype, layout = kind
         entries = [m for m in saved["tune"] if m["kind"] == kind]
-        times = []
+        times[key] = []
         for S in S_REPS[bucket]:
             case = (task, D, S, dtype, layout)
             ts, _, outs = tensors(case, device, generator)
@@ -294,20 +301,24 @@ def run_tune(rt, folder: Path, saved: dict, calls: int) -> dict:
             if tuple(kind) not in checked:  # the kind's first S is its smallest
                 errs = _errors(launches, ts, outs, reference(case, ts))
                 checked[tuple(kind)] = [i for i, e in errs.items() if e <= suite.TOLERANCE[dtype]]
-            times.append({i: timer(launches[i]).mean_us for i in checked[tuple(kind)]})
-        ok = checked[tuple(kind)]
-        score = {i: sum(t[i] / min(t.values()) for t in times) / len(times) for i in ok}
-        best = min(score, key=score.get)
-        now = next(i for i in ok if entries[i]["config"] == current)
-        tuned[key] = entries[best]["config"]
-        buckets[key] = dict(
-            sizes=S_REPS[bucket],
-            best=entries[best]["config"],
-            current=current,
-            best_vs_current=sum(t[best] / t[now] for t in times) / len(times),
-            us=[dict(config=entries[i]["config"], us=[t[i] for t in times]) for i in ok],
-            failed=[m["config"] for i, m in enumerate(entries) if i not in ok],
-        )
+            times[key].append({i: timer(launches[i]).mean_us for i in checked[tuple(kind)]})
+    tuned, buckets = {}, {}
+    for kind, ok in checked.items():
+        entries = [m for m in saved["tune"] if tuple(m["kind"]) == kind]
+        mine = [(bucket, key, current) for k, bucket, key, current in saved["buckets"] if tuple(k) == kind]
+        sizes = [t for _, key, _ in mine for t in times[key]]
+        best = shared_winner(ok, sizes)
+        for bucket, key, current in mine:
+            now = next(i for i in ok if entries[i]["config"] == current)
+            tuned[key] = entries[best]["config"]
+            buckets[key] = dict(
+                sizes=S_REPS[bucket],
+                best=entries[best]["config"],
+                current=current,
+                best_vs_current=sum(t[best] / t[now] for t in times[key]) / len(times[key]),
+                us=[dict(config=entries[i]["config"], us=[t[i] for t in times[key]]) for i in ok],
+                failed=[m["config"] for i, m in enumerate(entries) if i not in ok],
+            )
     return dict(
         meta=run_meta(device, timer=timer, this_triton=_version(), other_triton=saved["triton"]),
         tuned=tuned,

@@ -61,6 +61,14 @@ def test_tune_candidates_keep_half_rows_whole():
         assert {c["BLOCK_D"] for c in tune.grid(D, 32)} > {64}  # the narrower blocks are left out
 
 
+def test_shared_winner_is_best_over_all_sizes_not_per_size():
+    """a wins the first size by a little, b the other two by more: b is the one for all."""
+    sizes = [{"a": 1.0, "b": 1.05}, {"a": 2.4, "b": 2.0}, {"a": 5.0, "b": 4.5}]
+    assert crosstriton.shared_winner(["a", "b"], sizes) == "b"
+    assert crosstriton.shared_winner(["a", "b"], sizes[:1]) == "a"
+    assert crosstriton.shared_winner(["a"], sizes) == "a"  # only candidates that passed the check
+
+
 @needs_compiler
 def test_compile_tune_writes_each_candidate_and_the_tables_config(kernel, tmp_path, capsys, small_tune):
     kind, few = small_tune
@@ -130,8 +138,8 @@ def test_run_on_the_gpu(kernel, tmp_path, capsys):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_run_tune_on_the_gpu(kernel, tmp_path, capsys, small_tune):
-    """--tune's search on cubins of this machine's Triton: each bucket gets a checked candidate,
-    merged into the table named, whose other entries stay."""
+    """--tune's search on cubins of this machine's Triton: every bucket gets the same checked
+    candidate, merged into the table named, whose other entries stay."""
     out, result, table = tmp_path / "cubins", tmp_path / "tune.json", tmp_path / "table.json"
     table.write_text(json.dumps({"other-key": {"BLOCK_S": 1}}))
     assert toolkit.main(["crosstriton", "compile", "--tune", "--out", str(out)]) == 0
@@ -142,6 +150,7 @@ def test_run_tune_on_the_gpu(kernel, tmp_path, capsys, small_tune):
     keys = [b[2] for b in meta["buckets"]]
     assert set(written) == {"other-key", *keys} and set(run["tuned"]) == set(keys)
     candidates = [m["config"] for m in meta["tune"]]
+    assert len({tuple(written[key].items()) for key in keys}) == 1  # one kernel for every size
     for key in keys:
         b = run["buckets"][key]
         assert written[key] == b["best"] in candidates and not b["failed"]
