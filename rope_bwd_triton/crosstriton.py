@@ -372,6 +372,18 @@ def _compile(args, rt, tuning) -> dict:
     return dict(meta, buckets=buckets, tune=compile_tune(rt, args.out, current))
 
 
+def _saved(args, kernel) -> dict:
+    """The folder's meta.json, refused where `run` cannot use it."""
+    if kernel is None:
+        raise cli.UsageError(f"folder: no meta.json in {args.folder} (write it with `crosstriton compile --out`)")
+    saved = json.loads((args.folder / "meta.json").read_text())
+    if not {"sms", "later_triton"} <= saved.keys():
+        raise cli.UsageError(f"folder: {args.folder} was compiled by an older crosstriton: compile it again")
+    if args.configs_out and "tune" not in saved:
+        raise cli.UsageError(f"--configs-out: {args.folder} holds cases, not the candidates of `compile --tune`")
+    return saved
+
+
 def main(args) -> int:
     from .load import load_kernel, submodule
 
@@ -388,26 +400,18 @@ def main(args) -> int:
         return 0
     import torch
 
-    if kernel is None:
-        raise cli.UsageError(f"folder: no meta.json in {args.folder} (write it with `crosstriton compile --out`)")
+    saved = _saved(args, kernel)
     if not torch.cuda.is_available():
         raise cli.UsageError("crosstriton run launches cubins: it needs a CUDA GPU")
     rt, tuning = submodule(kernel, "rotary_triton"), submodule(kernel, "tuning")
-    saved = json.loads((args.folder / "meta.json").read_text())
     args.json.parent.mkdir(parents=True, exist_ok=True)
     if "tune" in saved:
         result = run_tune(rt, args.folder, saved, args.calls)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
         from .tune import merge_write
 
-        out = (
-            args.configs_out
-            or REPO_ROOT
-            / "torch-ext"
-            / "rope_bwd"
-            / "configs"
-            / tuning.device_file(saved["gpu"], saved["later_triton"]).name
-        )
+        table = tuning.device_file(saved["gpu"], saved["later_triton"]).name
+        out = args.configs_out or REPO_ROOT / "torch-ext" / "rope_bwd" / "configs" / table
         merge_write(out, result["tuned"])
         print(f"kernel span, cold L2; {result['meta']['gpu']}; cubins of Triton {saved['triton']}")
         for key, b in result["buckets"].items():

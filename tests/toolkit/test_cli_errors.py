@@ -105,6 +105,31 @@ def test_bad_values(capsys, tmp_path, argv, match):
     assert not out.exists(), "a refused command wrote"
 
 
+@pytest.mark.parametrize(
+    "meta,argv,match",
+    [
+        (
+            {"triton": "3.9.0", "gpu": "NVIDIA H200", "cases": []},
+            [],
+            r"crosstriton: error: folder: \S*cubins was compiled by an older crosstriton: compile it again",
+        ),
+        (
+            {"triton": "3.9.0", "gpu": "NVIDIA H200", "sms": 132, "later_triton": True, "cases": []},
+            ["--configs-out", "t.json"],
+            r"crosstriton: error: --configs-out: \S*cubins holds cases, not the candidates of `compile --tune`",
+        ),
+    ],
+    ids=["stale", "configs-out"],
+)
+def test_crosstriton_run_refuses_a_folder_it_cannot_use(capsys, tmp_path, meta, argv, match):
+    folder, out = tmp_path / "cubins", tmp_path / "out"
+    folder.mkdir()
+    (folder / "meta.json").write_text(json.dumps(meta))
+    argv = ["crosstriton", "run", str(folder), *(a if a != "t.json" else str(out / a) for a in argv)]
+    expect_usage_error(capsys, outputs_into(argv, out), match)
+    assert not out.exists()
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="the machine has a CUDA GPU")
 def test_bench_on_cuda_without_one(capsys, tmp_path):
     out = tmp_path / "out"
