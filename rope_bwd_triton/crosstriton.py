@@ -266,23 +266,27 @@ def run(rt, tuning, folder: Path, saved: dict, calls: int, rounds: int) -> dict:
     )
 
 
-def shared_winner(candidates, sizes: list):
-    """Of the candidates, the one of the least mean time relative to the fastest at each size
-    (sizes: [{candidate: time}], each holding every candidate): the score of `tune --shared`."""
-    return min(candidates, key=lambda i: sum(t[i] / min(t.values()) for t in sizes))
+def shared_winner(candidates, sizes: list, base: list):
+    """Of the candidates, the one of the least tune score (tune.relative_time) over all the sizes
+    (sizes: [{candidate: time}] holding every candidate, base: the current configuration's time at
+    each): the winner of `tune --shared`."""
+    from .tune import relative_time
+
+    return min(candidates, key=lambda i: relative_time([t[i] for t in sizes], base))
 
 
 def run_tune(rt, folder: Path, saved: dict, calls: int) -> dict:
     """tune's search over the cubins of `compile --tune`: every candidate checked against float64
     on its kind's smallest S, then timed at each S bucket's sizes (tune.S_REPS). As with `tune
-    --shared`, one winner per kind goes to all its buckets (shared_winner over all their sizes),
-    so that the Qwen call compiles one kernel for images of any size.
+    --shared`, one winner per kind goes to all its buckets (shared_winner over all their sizes,
+    scored against the table's current configuration), so that the Qwen call compiles one kernel
+    for images of any size.
     Returns {"tuned": {table key: winner}, "buckets": {table key: the search}}."""
     import torch
 
     from . import suite
     from .runmeta import run_meta
-    from .tune import S_REPS
+    from .tune import S_REPS, relative_time
 
     device = torch.device("cuda")
     timer = _timer(calls)
@@ -306,16 +310,16 @@ def run_tune(rt, folder: Path, saved: dict, calls: int) -> dict:
     for kind, ok in checked.items():
         entries = [m for m in saved["tune"] if tuple(m["kind"]) == kind]
         mine = [(bucket, key, current) for k, bucket, key, current in saved["buckets"] if tuple(k) == kind]
+        now = {key: next(i for i in ok if entries[i]["config"] == current) for _, key, current in mine}
         sizes = [t for _, key, _ in mine for t in times[key]]
-        best = shared_winner(ok, sizes)
+        best = shared_winner(ok, sizes, [t[now[key]] for _, key, _ in mine for t in times[key]])
         for bucket, key, current in mine:
-            now = next(i for i in ok if entries[i]["config"] == current)
             tuned[key] = entries[best]["config"]
             buckets[key] = dict(
                 sizes=S_REPS[bucket],
                 best=entries[best]["config"],
                 current=current,
-                best_vs_current=sum(t[best] / t[now] for t in times[key]) / len(times[key]),
+                best_vs_current=relative_time([t[best] for t in times[key]], [t[now[key]] for t in times[key]]),
                 us=[dict(config=entries[i]["config"], us=[t[i] for t in times[key]]) for i in ok],
                 failed=[m["config"] for i, m in enumerate(entries) if i not in ok],
             )

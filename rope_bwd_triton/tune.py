@@ -151,6 +151,11 @@ class Bucket:
         return [self.timer(lambda: self._run(x, out, cfg)).mean_us for x, out in self.cases]
 
 
+def relative_time(times, base_times) -> float:
+    """A candidate's score: its mean time relative to the starting configuration's at the same sizes."""
+    return sum(a / b for a, b in zip(times, base_times)) / len(times)
+
+
 def tune_bucket(bucket, current, D, R, log, *, grid_search=False):
     """Coordinate search from the package's current config (tuned or default) for the bucket,
     or with grid_search=True every candidate (the coordinate search can miss a joint optimum).
@@ -166,7 +171,7 @@ def tune_bucket(bucket, current, D, R, log, *, grid_search=False):
                 scores[_key(cfg)] = float("inf")
             else:
                 t = bucket.times(full)
-                scores[_key(cfg)] = sum(a / b for a, b in zip(t, base_times)) / len(t)
+                scores[_key(cfg)] = relative_time(t, base_times)
             log.append({**cfg, "score": scores[_key(cfg)] if scores[_key(cfg)] < float("inf") else None})
         return scores[_key(cfg)]
 

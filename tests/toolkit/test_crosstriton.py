@@ -62,11 +62,14 @@ def test_tune_candidates_keep_half_rows_whole():
 
 
 def test_shared_winner_is_best_over_all_sizes_not_per_size():
-    """a wins the first size by a little, b the other two by more: b is the one for all."""
+    """tune's score over every size: a wins the first size by a little, b the other two by more,
+    so b is the one for all; each size counts relative to the current configuration's time."""
     sizes = [{"a": 1.0, "b": 1.05}, {"a": 2.4, "b": 2.0}, {"a": 5.0, "b": 4.5}]
-    assert crosstriton.shared_winner(["a", "b"], sizes) == "b"
-    assert crosstriton.shared_winner(["a", "b"], sizes[:1]) == "a"
-    assert crosstriton.shared_winner(["a"], sizes) == "a"  # only candidates that passed the check
+    base = [1.0, 2.2, 5.0]
+    assert crosstriton.shared_winner(["a", "b"], sizes, base) == "b"
+    assert crosstriton.shared_winner(["a", "b"], sizes[:1], base[:1]) == "a"
+    assert crosstriton.shared_winner(["a"], sizes, base) == "a"  # only candidates that passed the check
+    assert tune.relative_time([2.0, 3.0], [1.0, 4.0]) == pytest.approx((2.0 + 0.75) / 2)
 
 
 @needs_compiler
