@@ -26,6 +26,10 @@
 #   crosstriton  our kernel as another Triton compiled it (cubins of `crosstriton compile`, carried
 #          in CROSS_CUBINS: folders, default .cubins/3.9) beside this machine's Triton; folders of
 #          `compile --tune` write that Triton's table (copied to $OUT)
+#   memcheck  GPU tests under compute-sanitizer's memcheck, one process, torch's caching
+#          allocator off so that an access past a tensor is past its allocation (PYTEST_ARGS,
+#          default the CUDA tests of test_ops and test_gpu_hardening but the 2^31-element one and
+#          those that need the caching allocator: CUDA graphs, allocation counts)
 #   ncu    hardware counters of our kernel and of a streaming kernel over the same bytes
 #          (python -m rope_bwd_triton ncu run under Nsight Compute, then ncu report)
 set -uo pipefail
@@ -65,6 +69,11 @@ for stage in "$@"; do
                python3 -m rope_bwd_triton crosstriton run "$c" --json "$OUT/crosstriton-$(basename "$c").json" || ok=1
              done; cp torch-ext/rope_bwd/configs/*.json "$OUT/"; [ $ok -eq 0 ] ;;
     copybound) python3 -m rope_bwd_triton copybound --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
+    memcheck) PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no \
+               --error-exitcode 9 --print-limit 100 \
+               python3 -m pytest -q -p no:cacheprovider -p no:xdist ${PYTEST_ARGS:-tests/test_ops.py \
+               tests/test_gpu_hardening.py -k "not cpu and not past_2_31 and not cuda_graph and not allocates_only"} \
+               2>&1 | tee "$OUT/memcheck.log" | tail -30 ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
            ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 -m rope_bwd_triton ncu metrics)" \
                --csv --page raw python3 -m rope_bwd_triton ncu run --labels "$OUT/ncu-labels.json" > "$OUT/ncu.csv" &&
