@@ -72,7 +72,7 @@ for stage in "$@"; do
     memcheck) PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no \
                --error-exitcode 9 --print-limit 100 \
                python3 -m pytest -q -p no:cacheprovider -p no:xdist ${PYTEST_ARGS:-tests/test_ops.py \
-               tests/test_gpu_hardening.py -k "not cpu and not past_2_31 and not cuda_graph and not allocates_only"} \
+               tests/test_gpu_hardening.py -k "(cuda or not cpu) and not past_2_31 and not cuda_graph and not allocates_only"} \
                2>&1 | tee "$OUT/memcheck.log" | tail -30 ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
            ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 -m rope_bwd_triton ncu metrics)" \
