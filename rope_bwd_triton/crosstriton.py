@@ -310,7 +310,9 @@ def run_tune(rt, folder: Path, saved: dict, calls: int) -> dict:
     for kind, ok in checked.items():
         entries = [m for m in saved["tune"] if tuple(m["kind"]) == kind]
         mine = [(bucket, key, current) for k, bucket, key, current in saved["buckets"] if tuple(k) == kind]
-        now = {key: next(i for i in ok if entries[i]["config"] == current) for _, key, current in mine}
+        now = {key: next((i for i in ok if entries[i]["config"] == current), None) for _, key, current in mine}
+        if None in now.values():  # the table's own configuration failed the check: nothing to score against
+            raise AssertionError(f"{kind}: the table's configuration failed the check against float64")
         sizes = [t for _, key, _ in mine for t in times[key]]
         best = shared_winner(ok, sizes, [t[now[key]] for _, key, _ in mine for t in times[key]])
         for bucket, key, current in mine:
@@ -376,9 +378,9 @@ def _compile(args, rt, tuning) -> dict:
     return dict(meta, buckets=buckets, tune=compile_tune(rt, args.out, current))
 
 
-def _saved(args, kernel) -> dict:
+def _saved(args) -> dict:
     """The folder's meta.json, refused where `run` cannot use it."""
-    if kernel is None:
+    if not (args.folder / "meta.json").is_file():
         raise cli.UsageError(f"folder: no meta.json in {args.folder} (write it with `crosstriton compile --out`)")
     saved = json.loads((args.folder / "meta.json").read_text())
     if not {"sms", "later_triton"} <= saved.keys():
@@ -391,10 +393,10 @@ def _saved(args, kernel) -> dict:
 def main(args) -> int:
     from .load import load_kernel, submodule
 
-    kernel = None if args.step == "run" and not (args.folder / "meta.json").is_file() else load_kernel()
     if args.step == "compile":
         if args.out.exists():
             raise cli.UsageError(f"--out: {args.out} exists; give a new folder")
+        kernel = load_kernel()
         rt, tuning = submodule(kernel, "rotary_triton"), submodule(kernel, "tuning")
         args.out.mkdir(parents=True)
         meta = _compile(args, rt, tuning)
@@ -404,9 +406,10 @@ def main(args) -> int:
         return 0
     import torch
 
-    saved = _saved(args, kernel)
+    saved = _saved(args)
     if not torch.cuda.is_available():
         raise cli.UsageError("crosstriton run launches cubins: it needs a CUDA GPU")
+    kernel = load_kernel()
     rt, tuning = submodule(kernel, "rotary_triton"), submodule(kernel, "tuning")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     if "tune" in saved:
