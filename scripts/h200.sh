@@ -29,7 +29,11 @@
 #   memcheck  GPU tests under compute-sanitizer's memcheck, one process, torch's caching
 #          allocator off so that an access past a tensor is past its allocation (PYTEST_ARGS,
 #          default the CUDA tests of test_ops and test_gpu_hardening but the 2^31-element one and
-#          those that need the caching allocator: CUDA graphs, allocation counts)
+#          those that need the caching allocator: CUDA graphs, allocation counts);
+#          MEMCHECK_ARGS adds sanitizer options, e.g. --kernel-name kns=rotary to check only
+#          our kernels, so that an over-read in a library kernel does not end the run
+#   attncheck  torch's attention backward on same-shape calls whose upstream gradients have
+#          other strides, against float64 (ATTNCHECK_ARGS, default cuDNN's backend)
 #   ncu    hardware counters of our kernel and of a streaming kernel over the same bytes
 #          (python -m rope_bwd_triton ncu run under Nsight Compute, then ncu report)
 set -uo pipefail
@@ -70,10 +74,11 @@ for stage in "$@"; do
              done; cp torch-ext/rope_bwd/configs/*.json "$OUT/"; [ $ok -eq 0 ] ;;
     copybound) python3 -m rope_bwd_triton copybound --json "$OUT/copy-bound.json" | tee "$OUT/copy-bound.txt" ;;
     memcheck) PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no \
-               --error-exitcode 9 --print-limit 100 \
+               --error-exitcode 9 --print-limit 100 ${MEMCHECK_ARGS:-} \
                python3 -m pytest -q -p no:cacheprovider -p no:xdist ${PYTEST_ARGS:-tests/test_ops.py \
                tests/test_gpu_hardening.py -k "(cuda or not cpu) and not past_2_31 and not cuda_graph and not allocates_only"} \
                2>&1 | tee "$OUT/memcheck.log" | tail -30 ;;
+    attncheck) python3 -m rope_bwd_triton attncheck ${ATTNCHECK_ARGS:-} | tee "$OUT/attncheck.md" ;;
     ncu)   python3 -m rope_bwd_triton build >/dev/null &&
            ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$(python3 -m rope_bwd_triton ncu metrics)" \
                --csv --page raw python3 -m rope_bwd_triton ncu run --labels "$OUT/ncu-labels.json" > "$OUT/ncu.csv" &&
