@@ -80,7 +80,8 @@ def main(args):
     rows = check(_attention(args.backend), *shape, dtype, args.device, gen)
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
     print(
-        f"{name}, torch {torch.__version__}, sdpa backend {args.backend}, {args.dtype}, "
+        f"{name}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, sdpa backend {args.backend}, "
+        f"{args.dtype}, "
         f"[1, {args.heads}, {args.tokens}, {args.head_dim}]; error against float64:"
     )
     header = ["call", "batch S", "output", "dq", "dk", "dv"]
