@@ -1,15 +1,18 @@
 """`python -m rope_bwd_triton attncheck`: does this torch's attention backward follow the
 upstream gradient's strides from call to call?
 
-Qwen vision encoders attend image by image: sdpa runs on [1, H, n, D] slices of one
-[1, H, S, D] tensor, so the gradient each call receives is a slice whose head stride is
-S*D, S being the tokens of the whole batch. With images of varying sizes an image of n
-tokens comes back in batches of other S: same shapes, other strides. On the H200 with
-torch 2.11, cuDNN's attention backward reused what it had built for the first such
-stride and returned wrong gradients of q, k and v for the others (benchmarks/RESULTS.md).
-Not a rope-bwd defect: the rotary sees these gradients as its upstream ones. The check
-runs sdpa with one backend on those calls and compares each with float64; exit status 1
-when one is off.
+Attention run image by image, as Qwen vision encoders run it without flash-attention, calls
+sdpa on [1, H, n, D] slices and concatenates the outputs, so each call's upstream gradient is
+a slice of one tensor of the whole batch's S tokens. With images of varying sizes an image
+of n tokens comes back in batches of other S: same shapes, other strides. Two layouts:
+- heads: outputs concatenated as [1, H, S, D]; the gradient's head stride is S*D.
+- tokens: outputs concatenated as [1, S, H, D] (transformers' Qwen vision attention); only
+  the batch stride, S*H*D, changes with S.
+On the H200 with torch 2.11, cuDNN's attention backward reused what it had built for the
+first head stride and returned wrong gradients of q, k and v for the others (layout heads,
+benchmarks/RESULTS.md). Not a rope-bwd defect: the rotary's upstream gradient is what this
+backward returns. The check runs sdpa with one backend on such calls and compares each with
+float64; exit status 1 when one is off.
 """
 
 from . import cli, output
@@ -19,15 +22,27 @@ BACKENDS |= {"efficient": "EFFICIENT_ATTENTION", "math": "MATH"}  # names of SDP
 TOLERANCE = 1e-2  # bf16 attention against float64: 2-3e-3 when right, about 1.4 when not
 
 
-def check(attention, n, batches, H, D, dtype, device, generator):
-    """For each batch size S: q, k, v [1, H, n, D], the upstream gradient a slice of a
-    [1, H, S, D] tensor; rows (S, error of the output, of dq, dk, dv) against float64."""
+LAYOUTS = ("heads", "tokens")
+
+
+def upstream(S, n, H, D, layout, dtype, device, generator):
+    """The [1, H, n, D] gradient of one image's attention output: a slice of the batch's."""
+    import torch
+
+    if layout == "heads":
+        return torch.randn(1, H, S, D, generator=generator).to(device, dtype)[:, :, :n]
+    return torch.randn(1, S, H, D, generator=generator).to(device, dtype)[:, :n].transpose(1, 2)
+
+
+def check(attention, n, batches, H, D, layout, dtype, device, generator):
+    """For each batch size S: q, k, v [1, H, n, D] and the upstream gradient in `layout`; rows
+    (S, error of the output, of dq, dk, dv) against float64."""
     import torch
 
     rows = []
     for S in batches:
         q, k, v = (torch.randn(1, H, n, D, generator=generator).to(device, dtype).requires_grad_() for _ in range(3))
-        grad = torch.randn(1, H, S, D, generator=generator).to(device, dtype)[:, :, :n]
+        grad = upstream(S, n, H, D, layout, dtype, device, generator)
         out = attention(q, k, v)
         got = torch.autograd.grad(out, (q, k, v), grad)
         leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
@@ -57,13 +72,16 @@ def add_arguments(parser):
     parser.add_argument("--device", type=cli.device, default="cuda")
     parser.add_argument("--backend", choices=list(BACKENDS), default="cudnn", help="sdpa's backend (default: cudnn)")
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument(
+        "--layout", choices=LAYOUTS, default="heads", help="how the outputs are concatenated (module docstring)"
+    )
     parser.add_argument("--tokens", type=cli.positive_int, default=1024, help="tokens of the image (n)")
     parser.add_argument(
         "--batches",
         type=cli.positive_int,
         nargs="+",
         default=[1536, 2048, 2048, 1536],
-        help="tokens of the batch per call (S >= n): the upstream gradient's head stride is S*D",
+        help="tokens of the batch per call (S >= n)",
     )
     parser.add_argument("--heads", type=cli.positive_int, default=16)
     parser.add_argument("--head-dim", type=cli.head_dim, default=72)
@@ -77,12 +95,12 @@ def main(args):
     gen = torch.Generator().manual_seed(0)
     dtype = getattr(torch, args.dtype)
     shape = args.tokens, args.batches, args.heads, args.head_dim
-    rows = check(_attention(args.backend), *shape, dtype, args.device, gen)
+    rows = check(_attention(args.backend), *shape, args.layout, dtype, args.device, gen)
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"
     print(
         f"{name}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, sdpa backend {args.backend}, "
-        f"{args.dtype}, "
-        f"[1, {args.heads}, {args.tokens}, {args.head_dim}]; error against float64:"
+        f"{args.dtype}, [1, {args.heads}, {args.tokens}, {args.head_dim}], upstream gradient layout {args.layout}; "
+        "error against float64:"
     )
     header = ["call", "batch S", "output", "dq", "dk", "dv"]
     print(output.markdown_table(header, [[i + 1, S, *(f"{e:.2e}" for e in errs)] for i, (S, *errs) in enumerate(rows)]))

@@ -2,6 +2,7 @@
 that keeps reading the strides of its first call, as torch 2.11's cuDNN attention did on the
 H200, fails on the calls with other strides, and the command exits 1."""
 
+import pytest
 import torch
 
 from rope_bwd_triton import __main__ as toolkit
@@ -35,15 +36,16 @@ def _first_strides(monkeypatch):
     return _FirstStrides.apply
 
 
-def test_sdpa_on_cpu_follows_the_strides(capsys):
-    assert toolkit.main([*ARGV, "--backend", "math", "--batches", "24", "40", "40", "24"]) == 0
+@pytest.mark.parametrize("layout", attncheck.LAYOUTS)
+def test_sdpa_on_cpu_follows_the_strides(capsys, layout):
+    assert toolkit.main([*ARGV, "--backend", "math", "--layout", layout, "--batches", "24", "40", "40", "24"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "all calls within tolerance" and len(lines) == 1 + 2 + 4 + 1
 
 
 def test_a_backward_that_keeps_its_first_strides_is_caught(monkeypatch):
     gen = torch.Generator().manual_seed(1)
-    rows = attncheck.check(_first_strides(monkeypatch), 24, [32, 48, 32], 2, 72, torch.bfloat16, "cpu", gen)
+    rows = attncheck.check(_first_strides(monkeypatch), 24, [32, 48, 32], 2, 72, "heads", torch.bfloat16, "cpu", gen)
     errs = [max(errs) for _, *errs in rows]
     assert errs[0] <= attncheck.TOLERANCE and errs[2] <= attncheck.TOLERANCE, errs
     assert errs[1] > 0.5, errs  # unrelated gradients: about sqrt(2)
@@ -54,3 +56,13 @@ def test_the_command_exits_1_on_it(monkeypatch, capsys):
     monkeypatch.setattr(attncheck, "_attention", lambda backend: _first_strides(monkeypatch))
     assert toolkit.main([*ARGV, "--batches", "32", "48"]) == 1
     assert capsys.readouterr().out.splitlines()[-1] == "wrong results in calls [2]"
+
+
+@pytest.mark.parametrize(
+    ("layout", "strides"), [("heads", (2 * 40 * 72, 40 * 72, 72, 1)), ("tokens", (40 * 2 * 72, 72, 2 * 72, 1))]
+)
+def test_upstream_gradient_layouts(layout, strides):
+    """heads: a slice of [1, H, S, D]; tokens: a slice of [1, S, H, D] (transformers' Qwen
+    attention concatenates its outputs so), seen as [1, H, n, D]."""
+    grad = attncheck.upstream(40, 24, 2, 72, layout, torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
+    assert grad.shape == (1, 2, 24, 72) and grad.stride() == strides
