@@ -29,7 +29,7 @@ COMMANDS = {
     "this machine's Triton (run: a CUDA GPU)",
     "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
     "attncheck": "whether this torch's attention backward follows the upstream gradient's strides from call to call "
-    "(sdpa per image on slices of one gradient, as Qwen vision encoders run it), against float64",
+    "(sdpa per image on slices of one batch's gradient), against float64",
     "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary",
     "card": "write CARD.md (the Hub card) from README.md's card part",
     "publish": "upload build/ and the card to branch v<version> of the Hub repo (or --dry-run, --to-cache)",

@@ -15,14 +15,12 @@ backward returns. The check runs sdpa with one backend on such calls and compare
 float64; exit status 1 when one is off.
 """
 
-from . import cli, output
+from . import cli, output, suite
 
 BACKENDS = {"default": None, "cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 BACKENDS |= {"efficient": "EFFICIENT_ATTENTION", "math": "MATH"}  # names of SDPBackend
-TOLERANCE = 1e-2  # bf16 attention against float64: 2-3e-3 when right, about 1.4 when not
-
-
 LAYOUTS = ("heads", "tokens")
+TOLERANCE = 1e-2  # bf16 attention against float64: 2-3e-3 when right, about 1.4 when not
 
 
 def upstream(S, n, H, D, layout, dtype, device, generator):
@@ -48,8 +46,7 @@ def check(attention, n, batches, H, D, layout, dtype, device, generator):
         leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
         out64 = torch.nn.functional.scaled_dot_product_attention(*leaves)
         want = torch.autograd.grad(out64, leaves, grad.double())
-        errs = [(a.double() - b).norm().item() / b.norm().item() for a, b in zip((out, *got), (out64, *want))]
-        rows.append((S, *errs))
+        rows.append((S, *map(suite.rel_err, (out, *got), (out64, *want))))
     return rows
 
 
