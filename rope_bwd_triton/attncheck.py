@@ -9,10 +9,10 @@ of n tokens comes back in batches of other S: same shapes, other strides. Two la
 - tokens: outputs concatenated as [1, S, H, D] (transformers' Qwen vision attention); only
   the batch stride, S*H*D, changes with S.
 On the H200 with torch 2.11, cuDNN's attention backward reused what it had built for the
-first head stride and returned wrong gradients of q, k and v for the others (layout heads,
-benchmarks/RESULTS.md). Not a rope-bwd defect: the rotary's upstream gradient is what this
-backward returns. The check runs sdpa with one backend on such calls and compares each with
-float64; exit status 1 when one is off.
+first head stride and returned wrong gradients of q, k and v for the others (layout heads);
+in layout tokens every backend was right (benchmarks/RESULTS.md). Not a rope-bwd defect: the
+rotary's upstream gradient is what this backward returns. The check runs sdpa with one
+backend on such calls and compares each with float64; exit status 1 when one is off.
 """
 
 from . import cli, output, suite
