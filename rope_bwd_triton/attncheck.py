@@ -17,8 +17,13 @@ backend on such calls and compares each with float64; exit status 1 when one is 
 
 from . import cli, output, suite
 
-BACKENDS = {"default": None, "cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
-BACKENDS |= {"efficient": "EFFICIENT_ATTENTION", "math": "MATH"}  # names of SDPBackend
+BACKENDS = {  # --backend: the name of its SDPBackend (None: torch's own choice)
+    "default": None,
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
 LAYOUTS = ("heads", "tokens")
 TOLERANCE = 1e-2  # bf16 attention against float64: 2-3e-3 when right, about 1.4 when not
 
