@@ -161,8 +161,8 @@ def compile_cases(rt, tuning, gpu: str, n_sm: int, out: Path) -> list:
 
 
 def tune_candidates(D: int) -> list:
-    """tune's grid with whole half rows in a channel block (one head's, or several side by
-    side): narrower blocks measured 1.2-7x slower at head_dim 72 and 80 (benchmarks/NOTES.md)."""
+    """tune's grid with half rows in one channel block: narrower blocks measured 1.2-7x slower at
+    head_dim 72 and 80 (benchmarks/NOTES.md)."""
     from .tune import grid
 
     return [cfg for cfg in grid(D, 2 * H) if cfg["BLOCK_D"] >= D // 2]

@@ -54,9 +54,7 @@ def priority(dtype, D):
 
 
 def block_d_values(D):
-    """Channel blocks from 8 up to four times the half row's power of two: the blocks past the
-    half row hold two or more heads' half rows side by side (rotary_triton's PACK)."""
-    top, bd, out = 4 << max(0, (D // 2 - 1).bit_length()), 8, []
+    top, bd, out = 1 << max(0, (D // 2 - 1).bit_length()), 8, []
     while bd <= top:
         out.append(bd)
         bd *= 2
@@ -74,12 +72,11 @@ def candidate_ok(cfg):
     return tile <= MAX_TILE and tile // 2 <= MAX_PER_THREAD * 32 * cfg["num_warps"]
 
 
-def grid(D, R, widths=None):
-    """Every candidate of the search space (its channel blocks: `widths`, else all of
-    block_d_values) that candidate_ok accepts."""
+def grid(D, R):
+    """Every candidate of the search space that candidate_ok accepts."""
     return [
         cfg
-        for bd in widths or block_d_values(D)
+        for bd in block_d_values(D)
         for br in block_r_values(R)
         for bs in BLOCK_S
         for w in NUM_WARPS
@@ -159,7 +156,7 @@ def relative_time(times, base_times) -> float:
     return sum(a / b for a, b in zip(times, base_times)) / len(times)
 
 
-def tune_bucket(bucket, current, D, R, log, *, grid_search=False, widths=None):
+def tune_bucket(bucket, current, D, R, log, *, grid_search=False):
     """Coordinate search from the package's current config (tuned or default) for the bucket,
     or with grid_search=True every candidate (the coordinate search can miss a joint optimum).
     Returns (best {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}, its time relative to current, current's times)."""
@@ -181,12 +178,12 @@ def tune_bucket(bucket, current, D, R, log, *, grid_search=False, widths=None):
     best = dict(start)
     score(best)
     if grid_search:
-        best = min([best, *grid(D, R, widths)], key=score)
+        best = min([best, *grid(D, R)], key=score)
         return best, scores[_key(best)], base_times
     for _ in range(2):
         before = dict(best)
         for param, values in (
-            ("BLOCK_D", widths or block_d_values(D)),
+            ("BLOCK_D", block_d_values(D)),
             ("BLOCK_R", block_r_values(R)),
             ("BLOCK_S", BLOCK_S),
             ("num_warps", NUM_WARPS),
@@ -241,7 +238,7 @@ def _compile(task):
     return done
 
 
-def precompile(jobs, H, seed, n_proc, deadline, layout="", widths=None):
+def precompile(jobs, H, seed, n_proc, deadline, layout=""):
     """Compile the grid of every (mode, dtype, head_dim) of jobs at the S the buckets time, in
     n_proc worker processes; returns how many candidates were compiled and how many asked for."""
     import multiprocessing
@@ -252,7 +249,7 @@ def precompile(jobs, H, seed, n_proc, deadline, layout="", widths=None):
         groups.setdefault((mode, dtype, D), set()).update(seq_lens)
     tasks = []
     for (mode, dtype, D), seq_lens in groups.items():
-        cfgs = grid(D, 2 * H, widths)
+        cfgs = grid(D, 2 * H)
         tasks += [(mode, dtype, D, H, seed, sorted(seq_lens), cfgs[i::n_proc], deadline, layout) for i in range(n_proc)]
     with ProcessPoolExecutor(n_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
         return sum(pool.map(_compile, tasks)), sum(len(t[6]) for t in tasks)
@@ -300,7 +297,6 @@ def run(args) -> dict:
             args.jobs,
             time.time() + args.budget / 2,
             args.layout,
-            args.block_d,
         )
         report["precompile"] = {"compiled": done, "candidates": asked, "seconds": round(time.monotonic() - start, 1)}
         print(
@@ -320,9 +316,7 @@ def run(args) -> dict:
         current = tuning.config_for(mode, seq_lens[0], H, H, D, elem, device, args.layout)
         bucket = Bucket(kernel, timer, mode, dtype, seq_lens, data_for(D), args.layout)
         log = []
-        best, score, base_times = tune_bucket(
-            bucket, current, D, 2 * H, log, grid_search=args.grid, widths=args.block_d
-        )
+        best, score, base_times = tune_bucket(bucket, current, D, 2 * H, log, grid_search=args.grid)
         del bucket
         report["buckets"][key] = {
             "start": current,
@@ -391,13 +385,6 @@ def add_arguments(parser):
     )
     parser.add_argument("--calls", type=cli.positive_int, default=10, help="cold-L2 calls timed per candidate and S")
     parser.add_argument(
-        "--block-d",
-        type=cli.positive_int,
-        nargs="+",
-        help="channel blocks to search (default: 8 up to four times the half row's power of two; narrower than the "
-        "half row measured 1.2-7x slower at head_dim 72 and 80)",
-    )
-    parser.add_argument(
         "--grid",
         action="store_true",
         help="time every (BLOCK_S, BLOCK_D, BLOCK_R, num_warps) candidate instead of the coordinate search",
@@ -426,8 +413,6 @@ def main(args) -> int:
 
     if args.shared and not args.seq_lens:
         raise cli.UsageError("--shared writes one winner to the buckets of the S given by --seq-lens: give --seq-lens")
-    if any(bd & (bd - 1) for bd in args.block_d or ()):
-        raise cli.UsageError(f"--block-d: channel blocks are powers of two, got {args.block_d}")
     if args.layout and "fwd" in args.modes:
         raise cli.UsageError("--layout sdpa is the upstream gradient's layout: give --modes bwd_qk and/or bwd")
 

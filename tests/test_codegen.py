@@ -18,9 +18,6 @@ pytestmark = pytest.mark.skipif(
 )
 PTRS = ("X_q", "X_k", "Y_q", "Y_k", "P_q", "P_k", "T0", "T1", "G0", "G1")
 CFG = (("BLOCK_S", 1), ("BLOCK_D", 64), ("BLOCK_R", 32), ("num_warps", 2))
-# Three heads side by side in 128 lanes at head_dim 72 (rotary_triton's PACK), as the real
-# call's q/k backward is configured
-PACKED = (("BLOCK_S", 2), ("BLOCK_D", 128), ("BLOCK_R", 16), ("num_warps", 4))
 
 
 def _compile(rt, consts, dtypes, S=None, stage="ptx"):
@@ -43,7 +40,7 @@ def _memory_ops(ptx):
     return Counter(re.findall(r"\b((?:ld|st)\.global[.\w]*)", ptx))
 
 
-def _case(rt, mode, D, dtype, S, encode, cfg=CFG):
+def _case(rt, mode, D, dtype, S, encode):
     """Constexprs and pointer dtypes of the real call's launch: q/k views of one qkv in the
     forward, sdpa's gradient [1, H, S, D] seen as [S, H, D] in the backward (q/k only, or with
     the table gradient); strides encoded for S, or left as plain numbers."""
@@ -68,7 +65,7 @@ def _case(rt, mode, D, dtype, S, encode, cfg=CFG):
         None if st is None else (rt._encode(st, S) if encode else st, dtype if i < 6 else torch.float32, True)
         for i, st in enumerate(tensors)
     )
-    return rt._constexprs(H, D, H, mode != "fwd", layout, cfg), dtypes
+    return rt._constexprs(H, D, H, mode != "fwd", layout, CFG), dtypes
 
 
 @pytest.fixture
@@ -77,13 +74,12 @@ def rt(kernel):
     return importlib.import_module(f"{kernel.__name__}.rotary_triton")
 
 
-@pytest.mark.parametrize("cfg", [CFG, PACKED], ids=["one-head", "packed"])
 @pytest.mark.parametrize("mode", ["bwd_qk", "bwd"])
 @pytest.mark.parametrize("D", [72, 80])
-def test_strides_that_grow_with_S_keep_the_vector_width(rt, mode, D, cfg):
+def test_strides_that_grow_with_S_keep_the_vector_width(rt, mode, D):
     S = 4097
-    encoded = _memory_ops(_compile(rt, *_case(rt, mode, D, torch.bfloat16, S, encode=True, cfg=cfg)))
-    constant = _memory_ops(_compile(rt, *_case(rt, mode, D, torch.bfloat16, S, encode=False, cfg=cfg)))
+    encoded = _memory_ops(_compile(rt, *_case(rt, mode, D, torch.bfloat16, S, encode=True)))
+    constant = _memory_ops(_compile(rt, *_case(rt, mode, D, torch.bfloat16, S, encode=False)))
     assert any(".v" in op for op in encoded), f"no vector accesses: {encoded}"
     assert encoded == constant
 
@@ -96,17 +92,16 @@ def test_compiles_with_S_specialized_by_the_caller(rt, mode):
     assert _memory_ops(_compile(rt, consts, dtypes, S=2048)) == _memory_ops(_compile(rt, consts, dtypes))
 
 
-@pytest.mark.parametrize("cfg", [CFG, PACKED], ids=["one-head", "packed"])
 @pytest.mark.parametrize("mode", ["fwd", "bwd_qk", "bwd"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_loaded_tiles_are_used_in_place(rt, mode, dtype, cfg):
+def test_loaded_tiles_are_used_in_place(rt, mode, dtype):
     """Both halves of a row come in by one load of a tile with an axis of 2, which tl.split
     needs in each thread's registers. Where the installed Triton puts that axis on lanes
     instead (it depends on the axis's place in the tile: rotary_triton._REGS_FIRST), it
     regroups every loaded tile through shared memory, and each regrouping waits for its tile
     before the next tile's loads issue: up to 1.6x the time on the H200. So no loaded tile
     may be converted to another layout."""
-    ttgir = _compile(rt, *_case(rt, mode, 72, dtype, 4096, encode=True, cfg=cfg), stage="ttgir")
+    ttgir = _compile(rt, *_case(rt, mode, 72, dtype, 4096, encode=True), stage="ttgir")
     loaded = re.findall(r"(%\S+) = tt\.load \S+, .*tensor<(?:2x\d+x\d+x\d+|\d+x\d+x\d+x2)x!tt\.ptr", ttgir)
     assert len(loaded) == {"fwd": 2, "bwd_qk": 2, "bwd": 4}[mode], ttgir
     converted = [x for x in loaded if re.search(rf"ttg\.convert_layout {re.escape(x)}\b", ttgir)]

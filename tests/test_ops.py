@@ -137,17 +137,14 @@ def test_partial_gradients(kernel, device, which, gen):
         dict(BLOCK_S=1, BLOCK_D=64, BLOCK_R=8, num_warps=4),  # one chunk of D/2, rows looped in chunks
         dict(BLOCK_S=4, BLOCK_D=8, BLOCK_R=2, num_warps=1),  # several channel chunks, odd tail of tokens
         dict(BLOCK_S=2, BLOCK_D=16, BLOCK_R=16, num_warps=2),
-        dict(BLOCK_S=2, BLOCK_D=128, BLOCK_R=4, num_warps=2),  # heads side by side: 3 (D 72), 2 (D 128)
-        dict(BLOCK_S=1, BLOCK_D=256, BLOCK_R=2, num_warps=1),  # 7 (more than the heads), 4
     ],
 )
 @pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd", "bwd_q_only"])
 @pytest.mark.parametrize("D", [72, 128])
 def test_launch_configurations(kernel, device, cfg, mode, D, gen):
-    """The kernel itself across block shapes: masks, row loops and channel chunks, blocks that
-    hold several heads' half rows side by side (the table gradient then adds up lanes of
-    several heads), and both store paths (fp32 head_dim 72's 144-byte half rows share
-    sectors: whole-row stores when no table gradient is summed; head_dim 128's do not)."""
+    """The kernel itself across block shapes: masks, row loops and channel chunks, and both
+    store paths (fp32 head_dim 72's 144-byte half rows share sectors: whole-row stores when no
+    table gradient is summed; head_dim 128's do not)."""
     if device == "cpu" and not INTERPRET:
         pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
     S, HQ, HK = 13, 5, 3
@@ -174,28 +171,6 @@ def test_both_places_of_the_halves_axis(kernel, device, regs_first, mode, gen, m
         _launch_and_check(rt, mode, dict(BLOCK_S=2, BLOCK_D=32, BLOCK_R=4, num_warps=1), gq, gk, q, k, e)
     finally:
         rt._plan.cache_clear()
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "D,cfg",
-    [
-        (72, dict(BLOCK_S=2, BLOCK_D=128, BLOCK_R=4, num_warps=4)),  # 3 heads side by side
-        (80, dict(BLOCK_S=1, BLOCK_D=256, BLOCK_R=2, num_warps=1)),  # 6
-    ],
-)
-@pytest.mark.parametrize("mode", ["bwd", "bwd_qk", "fwd"])
-def test_heads_side_by_side_in_the_real_layouts(kernel, device, D, cfg, mode, gen):
-    """Heads side by side in a block, on the real call's layouts: q/k views of one packed
-    tensor, the upstream gradients in sdpa's layout (head stride a multiple of S, so the
-    offset of each lane's head grows with S), head counts that leave a group part empty."""
-    if device == "cpu" and not INTERPRET:
-        pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
-    S, HQ, HK = 21, 7, 4
-    gq, gk, q, k, e = _inputs(S, HQ, D, torch.bfloat16, device, gen, HK=HK)
-    gq, gk = (g.transpose(0, 1).contiguous().transpose(0, 1) for g in (gq, gk))
-    qk = torch.cat((q, k), dim=1)
-    _launch_and_check(submodule(kernel, "rotary_triton"), mode, cfg, gq, gk, qk[:, :HQ], qk[:, HQ:], e)
 
 
 def _launch_and_check(rt, mode, cfg, gq, gk, q, k, e, offset=0):

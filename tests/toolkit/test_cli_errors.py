@@ -49,7 +49,6 @@ CASES = [
     (["tune", "--calls", "0"], r"tune: error: argument --calls: must be a positive integer, got 0"),
     (["tune", "--jobs", "-1"], r"tune: error: argument --jobs: must be 0 or more, got -1"),
     (["tune", "--budget", "-1"], r"tune: error: argument --budget: must be a positive number, got -1"),
-    (["tune", "--block-d", "64", "72"], r"tune: error: --block-d: channel blocks are powers of two, got \[64, 72\]"),
     (["ncu"], r"ncu: error: the following arguments are required: \{metrics,run,report\}"),
     (["ncu", "profile"], r"ncu: error: argument \{metrics,run,report\}: invalid choice: 'profile'"),
     (

@@ -10,11 +10,7 @@ Layout (any strides, element units):
 
 A program owns BLOCK_S tokens x BLOCK_D channels of the first half and their
 partners (d + D/2), for every head of q and k, taken BLOCK_R // 2 q heads plus
-as many k heads at a time. A block as wide as two half rows or more holds
-PACK = BLOCK_D // (D/2) heads' half rows side by side, so each of its rows is PACK
-heads (bf16 head_dim 72 in 128 lanes: 3 heads, 108 lanes used, against 36 of 64):
-measured faster for the q/k backward of the real models' shapes, in both gradient
-layouts (benchmarks/NOTES.md). Within such a chunk every load of both sides comes
+as many k heads at a time. Within such a chunk every load of both sides comes
 before any store: a q phase followed by a k phase would serialize, since the
 compiler cannot prove that the q outputs do not alias the k inputs. Both halves
 of a row are read (and written) by one access, a tile axis of 2 placed where this
@@ -109,17 +105,6 @@ def _store_halves(base, s_h, h, half_off, y1, y2, mask, ROW_STORE: tl.constexpr,
 
 
 @triton.jit
-def _fold(g, lane, PACK: tl.constexpr, HALF: tl.constexpr):
-    """A [tokens, lanes] sum whose lanes hold PACK heads' channels side by side (lane
-    m * HALF + d: head m, channel d), summed over the heads into lanes d < HALF."""
-    out = g
-    for m in tl.static_range(1, PACK):
-        src = tl.minimum(lane + m * HALF, g.shape[1] - 1)  # lanes d >= HALF are not stored
-        out += tl.gather(g, tl.broadcast_to(src[None, :], g.shape), axis=1)
-    return out
-
-
-@triton.jit
 def _stride(S, st: tl.constexpr):
     """A stride constexpr as `_encode` writes it: st >= 0 is the stride, -a stands for a*S."""
     if st < 0:
@@ -203,7 +188,6 @@ def rotary_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
-    PACK: tl.constexpr,
     ADJOINT: tl.constexpr,
     ANGLES: tl.constexpr,
     WRITE_Q: tl.constexpr,
@@ -223,26 +207,19 @@ def rotary_kernel(
     READ_K: tl.constexpr = WRITE_K or GRAD_TABLE
     # int64 token index: S*H*D may pass 2^31 elements.
     s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
-    lane = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    if PACK == 1:  # the lanes are channels of one head's half row
-        d = lane
-        off = 0
-        mask_sd = (s[:, None] < S) & (d[None, :] < HALF)
-    else:  # PACK heads' half rows side by side: lane m * HALF + d is head h + m, channel d
-        d = lane % HALF
-        off = (lane // HALF)[None, None, :]
-        mask_sd = (s[:, None] < S) & (lane[None, :] < PACK * HALF)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_sd = (s[:, None] < S) & (d[None, :] < HALF)
     s2 = s[:, None]
     d2 = d[None, :]
 
     s3 = s[:, None, None]
     d3 = d[None, None, :]
     m_sd = mask_sd[:, None, :]
-    xq = X_q + s3 * sxq_s + d3 * sxq_d + off * sxq_h
-    xk = X_k + s3 * sxk_s + d3 * sxk_d + off * sxk_h
-    pq = P_q + s3 * spq_s + d3 * spq_d + off * spq_h
-    pk = P_k + s3 * spk_s + d3 * spk_d + off * spk_h
-    h = PACK * tl.arange(0, BLOCK_H)[None, :, None]
+    xq = X_q + s3 * sxq_s + d3 * sxq_d
+    xk = X_k + s3 * sxk_s + d3 * sxk_d
+    pq = P_q + s3 * spq_s + d3 * spq_d
+    pk = P_k + s3 * spk_s + d3 * spk_d
+    h = tl.arange(0, BLOCK_H)[None, :, None]
     # The table and the first chunk of heads are loaded before either is used, so
     # that a program waits for one DRAM round trip, not two (table, then heads):
     # that latency is most of a call's time when S is small.
@@ -252,10 +229,10 @@ def rotary_kernel(
         n1 = tl.load(T1 + s2 * st1_s + d2 * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
         n2 = tl.load(T1 + s2 * st1_s + (d2 + HALF) * st1_d, mask=mask_sd, other=0.0).to(tl.float32)
     xq1, xq2, pq1, pq2 = _load_side(
-        xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, m_sd & (h + off < HQ), READ_Q, GRAD_TABLE, REGS_FIRST
+        xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, m_sd & (h < HQ), READ_Q, GRAD_TABLE, REGS_FIRST
     )
     xk1, xk2, pk1, pk2 = _load_side(
-        xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, m_sd & (h + off < HK), READ_K, GRAD_TABLE, REGS_FIRST
+        xk, pk, sxk_h, spk_h, h, HALF * sxk_d, HALF * spk_d, m_sd & (h < HK), READ_K, GRAD_TABLE, REGS_FIRST
     )
     if ANGLES:
         c1 = tl.cos(t1)
@@ -279,10 +256,10 @@ def rotary_kernel(
     gc2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     gs1 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     gs2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
-    for h0 in range(0, HQ if HQ > HK else HK, BLOCK_H * PACK):
-        h = (h0 + PACK * tl.arange(0, BLOCK_H))[None, :, None]
-        mq = m_sd & (h + off < HQ)
-        mk = m_sd & (h + off < HK)
+    for h0 in range(0, HQ if HQ > HK else HK, BLOCK_H):
+        h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
+        mq = m_sd & (h < HQ)
+        mk = m_sd & (h < HK)
         if h0 > 0:  # chunk 0 is loaded above; every load of both sides comes before any store
             xq1, xq2, pq1, pq2 = _load_side(
                 xq, pq, sxq_h, spq_h, h, HALF * sxq_d, HALF * spq_d, mq, READ_Q, GRAD_TABLE, REGS_FIRST
@@ -302,7 +279,7 @@ def rotary_kernel(
         # sides', comes before its stores.
         if WRITE_Q:
             _store_halves(
-                Y_q + s3 * syq_s + d3 * syq_d + off * syq_h,
+                Y_q + s3 * syq_s + d3 * syq_d,
                 syq_h,
                 h,
                 HALF * syq_d,
@@ -314,7 +291,7 @@ def rotary_kernel(
             )
         if WRITE_K:
             _store_halves(
-                Y_k + s3 * syk_s + d3 * syk_d + off * syk_h,
+                Y_k + s3 * syk_s + d3 * syk_d,
                 syk_h,
                 h,
                 HALF * syk_d,
@@ -325,12 +302,6 @@ def rotary_kernel(
                 REGS_FIRST,
             )
 
-    if GRAD_TABLE and PACK > 1:  # each lane holds its own head's sums: add the PACK heads'
-        gc1 = _fold(gc1, lane, PACK, HALF)
-        gc2 = _fold(gc2, lane, PACK, HALF)
-        gs1 = _fold(gs1, lane, PACK, HALF)
-        gs2 = _fold(gs2, lane, PACK, HALF)
-        mask_sd = (s[:, None] < S) & (lane[None, :] < HALF)
     if GRAD_TABLE:
         if ANGLES:
             # d/d angle of (cos, sin) = (-sin, cos)
@@ -391,7 +362,6 @@ def _constexprs(HQ, D, HK, adjoint, layout, config):
         BLOCK_S=cfg["BLOCK_S"],
         BLOCK_D=cfg["BLOCK_D"],
         BLOCK_R=cfg["BLOCK_R"],
-        PACK=max(1, cfg["BLOCK_D"] // (D // 2)),
         ADJOINT=adjoint,
         ANGLES=t1 is None,
         WRITE_Q=y_q is not None,

@@ -2,8 +2,7 @@
 
 Tuned configurations ship as JSON in configs/, one file per GPU name
 (`configs/<device name, spaces as _>.json`), each mapping a shape bucket, and for some
-backward buckets a layout (see `bucket`), to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps} (a BLOCK_D
-of two half rows or more holds that many heads side by side: rotary_triton); and
+backward buckets a layout (see `bucket`), to {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}; and
 `<device name>.from-triton-3.7.json`, entries for Triton 3.7 and later that override those.
 Unknown GPUs and buckets get the heuristic `default_config`. Nothing is autotuned at a
 user's call.
