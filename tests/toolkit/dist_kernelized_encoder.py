@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from rope_bwd_triton import REPO_ROOT, e2e  # noqa: E402
+from rope_bwd_triton import REPO_ROOT, models  # noqa: E402
 from rope_bwd_triton.load import load_kernel  # noqa: E402
 
 FAMILY = "qwen3_omni_moe"
@@ -27,19 +27,19 @@ GRIDS = [[[1, 4, 8]], [[1, 8, 8], [1, 4, 4]]]
 
 
 def images(model, rank):
-    return e2e.make_images(model, GRIDS[rank], seed=100 + rank)
+    return models.make_images(model, GRIDS[rank], seed=100 + rank)
 
 
 def kernelized_model(kernel, device):
     from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
 
-    model = e2e.make_vision_model(FAMILY, device=device, **e2e.QUICK_OMNI)
+    model = models.make_vision_model(FAMILY, device=device, **models.QUICK_OMNI)
     integrations = kernel.integrations
     integrations.make_kernelizable(model)
     repo = LocalLayerRepository(repo_path=Path(REPO_ROOT), layer_name=integrations.LAYER_NAME)
     with use_kernel_mapping({integrations.LAYER_NAME: {device.type: repo}}):
         model = kernelize(model, mode=Mode.TRAINING, device=device.type, use_fallback=False)
-    layer = e2e.importlib.import_module(f"transformers.models.{FAMILY}.modeling_{FAMILY}").apply_rotary_pos_emb_vision
+    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
     assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward, "not kernelized"
     return model
 
@@ -103,9 +103,9 @@ def main():
     for wrap in ("ddp", "fsdp2"):
         counts.update(fwd=0, bwd=0)
         net, model = wrapped(kernelized_model(kernel, device), wrap, device)
-        out, loss = e2e.step(net, *images(model, rank))
+        out, loss = models.step(net, *images(model, rank))
         loss.backward()
-        out = list(e2e.output_tensors(out))
+        out = list(models.output_tensors(out))
         grads = full_grads(model)  # collective under FSDP2: every rank takes part
         result = {"outputs": [o.detach().cpu() for o in out], "counts": dict(counts)}
         if rank == 0:
