@@ -90,7 +90,7 @@ def _rows(rope, modeling, compile_rows):
     emb = torch.randn(S, D, device="cuda")
     cos, sin = emb.cos(), emb.sin()
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    cfg = rope.tuning.get_config("fwd", S, H, H, D, 2, q.device)
+    cfg = submodule(rope, "tuning").get_config("fwd", S, H, H, D, 2, q.device)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k)]
     grad = torch.randn_like(q)
     grad_sdpa = torch.randn(H, S, D, device="cuda", dtype=q.dtype).transpose(0, 1)  # as sdpa returns it

@@ -217,8 +217,8 @@ def target_keys(tuning, mode, seq_lens, R, D, elem, layout, shared):
 
 
 def _inputs(H, device, seed):
-    """data_for(D)(S) -> bench.Data, drawn once per (S, D): drawing costs more than timing at large S."""
-    from .bench import Data
+    """data_for(D)(S) -> measure.Data, drawn once per (S, D): drawing costs more than timing at large S."""
+    from .measure import Data
 
     cache = {}
 
@@ -273,13 +273,13 @@ def precompile(jobs, H, seed, n_proc, deadline, layout=""):
 def run(args) -> dict:
     import torch
 
-    from .load import load_kernel
+    from .load import load_kernel, submodule
     from .output import run_meta
     from .timing import ColdL2Timer
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kernel = load_kernel()
-    tuning = kernel.tuning
+    tuning = submodule(kernel, "tuning")
     name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
     out = args.out or REPO_ROOT / "torch-ext" / "rope_bwd" / "configs" / tuning.config_file(name).name
     version = tuning.triton_version()

@@ -7,7 +7,7 @@ each rank on images of its own sizes; run by tests/toolkit/test_multi_gpu.py thr
 (cpu: gloo and the kernel's CPU path; cuda: NCCL, one GPU per rank). The kernel loads as
 users load it (kernels.get_kernel; LOCAL_KERNELS set by the test) and is kernelized from
 this checkout's build. Writes DIR/<wrap>-rank<r>.pt: the rank's outputs and how often the
-kernel's forward and backward ran; rank 0 also the full gradient of every parameter."""
+kernel's rotary ran forward and backward; rank 0 also the full gradient of every parameter."""
 
 import argparse
 import os
@@ -45,16 +45,23 @@ def kernelized_model(kernel, device):
 
 
 def counting(kernel):
-    """Counts the calls of the kernel's forward and backward implementations."""
+    """Counts the kernelized layer's calls of the kernel's rotary (layers.ApplyRotaryPosEmbVision
+    calls the module's apply_rotary_pos_emb_vision), and the gradients that reach their outputs:
+    from there the backward is the kernel's."""
     counts = {"fwd": 0, "bwd": 0}
-    for key, name in (("fwd", "_rotary_fwd"), ("bwd", "_rotary_bwd_eager")):
-        impl = getattr(kernel.ops, name)
+    rotary = kernel.layers.apply_rotary_pos_emb_vision
 
-        def counted(*args, _impl=impl, _key=key):
-            counts[_key] += 1
-            return _impl(*args)
+    def backward_reached(grad):
+        counts["bwd"] += 1
 
-        setattr(kernel.ops, name, counted)
+    def counted(q, k, cos, sin):
+        counts["fwd"] += 1
+        q_embed, k_embed = rotary(q, k, cos, sin)
+        if q_embed.requires_grad:
+            q_embed.register_hook(backward_reached)
+        return q_embed, k_embed
+
+    kernel.layers.apply_rotary_pos_emb_vision = counted
     return counts
 
 
