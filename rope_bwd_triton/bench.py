@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import REPO_ROOT, cli, copybound, measure, realcall
+from . import REPO_ROOT, cli, copybound, measure, realcall, suite
 
 PRESETS = {
     "suite": dict(set="all", heads=16, head_dims=[128], calls=40, timer="span", tasks=list(measure.TASKS),
@@ -176,7 +176,7 @@ def main(args) -> int:
     if args.preset == "realcall":
         plotted = realcall.render_plot(runs, args.plot)
         text = table = realcall.render_markdown(runs)
-        failed = realcall.failures(runs)
+        failed = suite.failures(runs, realcall.workload_name)
     else:
         plotted = report.render_plot(runs, args.plot)
         text = report.render_markdown(runs, args.plot if plotted else None, args.markdown)
@@ -184,7 +184,7 @@ def main(args) -> int:
         if args.preset == "copybound":
             text += "\n" + "\n".join(copybound.markdown(r) for r in runs)
             table = copybound.markdown(runs[-1])
-        failed = measure.failures(runs)
+        failed = suite.failures(runs, measure.workload_name)
     args.markdown.write_text(text)
     print(table)
     rule = "within its dtype's tolerance, with SOL-ExecBench's rule met on >= 99% of the elements"

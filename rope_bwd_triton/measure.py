@@ -305,12 +305,5 @@ def measure(args, kernel, others=(), after_workload=None) -> dict:
     return run
 
 
-def failures(runs) -> list:
-    """Where ours (or another build of ours) failed verification or did not run."""
-    return [
-        f"{n} S={w['S']} H={w['H']} D={w['D']}"
-        for run in runs
-        for w in run["workloads"]
-        for n, r in w["results"].items()
-        if n.startswith(("ours", "ab")) and ("error" in r or not r.get("verify", {}).get("ok", True))
-    ]
+def workload_name(w) -> str:
+    return f"S={w['S']} H={w['H']} D={w['D']}"

@@ -209,12 +209,7 @@ def _markdown(run) -> str:
             t = _us(w, n)
             row += [f"{t:.1f}" if t else "—", f"{ours / t:.3f}" if t and ours else "—"]
         rows.append(row)
-    fails = [
-        f"{n} {w['dtype']} D={w['D']} {w['layout']} S={w['S']}"
-        for w in run["workloads"]
-        for n, r in w["results"].items()
-        if "error" in r or not r.get("verify", {}).get("ok", True)
-    ]
+    fails = suite.failures([run], workload_name, prefixes=("",))  # every implementation
     gpu = meta.get("gpu") or f"{meta['device']} ({meta.get('note', '')})"
     lines = [
         f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
@@ -264,12 +259,5 @@ def render_plot(runs, path) -> bool:
     return True
 
 
-def failures(runs) -> list:
-    """Where ours (or another build of ours) failed verification or did not run."""
-    return [
-        f"{n} {w['dtype']} D={w['D']} {w['layout']} S={w['S']}"
-        for run in runs
-        for w in run["workloads"]
-        for n, r in w["results"].items()
-        if n.startswith(("ours", "ab")) and ("error" in r or not r["verify"]["ok"])
-    ]
+def workload_name(w) -> str:
+    return f"{w['dtype']} D={w['D']} {w['layout']} S={w['S']}"

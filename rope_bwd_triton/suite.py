@@ -71,3 +71,16 @@ def verify_rows(S, n, seed):
         return torch.arange(S)
     pick = torch.randperm(S - 2, generator=torch.Generator().manual_seed(seed))[: n - 2] + 1
     return torch.cat((torch.tensor([0, S - 1]), pick)).sort().values
+
+
+def failures(runs, where, prefixes=("ours", "ab")) -> list:
+    """ "<implementation> <where(workload)>" of each result in the runs that failed verification or
+    did not run, of the implementations whose names start with one of `prefixes` (by default ours
+    and the other builds of ours, --ab)."""
+    return [
+        f"{name} {where(w)}"
+        for run in runs
+        for w in run["workloads"]
+        for name, r in w["results"].items()
+        if name.startswith(prefixes) and ("error" in r or not r.get("verify", {}).get("ok", True))
+    ]
