@@ -1,6 +1,7 @@
 """`overhead` on the CPU: its reports from made-up runs (the measuring needs a CUDA GPU), and the
 one-line refusal without one."""
 
+import json
 import subprocess
 import sys
 
@@ -75,3 +76,37 @@ def test_host_time_sets_the_fast_launch_settings_side_by_side():
     assert _cells(table, "b") == ["b", "3.0", "2.5", "nan", "nan"]  # a row only one setting has
     assert _cells(table, "ours") == ["ours", "9.0", "8.0", "12.0", "11.0"]
     assert table.rstrip().endswith("fast launch broken: RuntimeError: boom")
+
+
+def test_each_child_runs_fresh_with_its_own_settings(monkeypatch, tmp_path, capsys):
+    """The parent's work, its children stood in for: a fresh process per implementation and
+    round (first calls), one per fast-launch setting with ROPE_BWD_FAST_LAUNCH set (host), then
+    the JSON and the markdown of both parts."""
+    from rope_bwd_triton import __main__ as toolkit
+    from rope_bwd_triton import load, output, overhead
+
+    started = []
+
+    def child(argv, workdir, name, **env):
+        started.append((argv[argv.index("--child") + 1], name, env))
+        if "host" in argv:
+            return {"rows": {"a": [1.0, 0.5]}, "new_size": {"ours": [3.0, 2.0], "transformers": [4.0, 3.0]}}
+        calls = [{"S": S, "ms": 1.0, "new": S != 64, "compiles": None} for S in (16, 36, 64, 64)]
+        return {"impl": argv[-1], "load_s": 0.5, "calls": calls}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(load, "use_local_build", lambda: None)
+    monkeypatch.setattr(output, "run_meta", lambda device, **fields: {**META, **fields})
+    monkeypatch.setattr(overhead, "run_fresh", child)
+    out = tmp_path / "o.json"
+    argv = ["overhead", "--impls", "ours,liger", "--rounds", "2", "--sizes", "16", "36", "64", "--json", str(out)]
+    assert toolkit.main(argv) == 0
+    assert started == [
+        ("ours", "ours-0", {}), ("liger", "liger-0", {}), ("liger", "liger-1", {}), ("ours", "ours-1", {}),
+        ("host", "host-on", {"ROPE_BWD_FAST_LAUNCH": "1"}), ("host", "host-off", {"ROPE_BWD_FAST_LAUNCH": "0"}),
+    ]  # fmt: skip
+    saved = json.loads(out.read_text())
+    assert [r["round"] for r in saved["first_call"]] == [0, 0, 1, 1] and set(saved["host"]) == {"on", "off"}
+    md = out.with_suffix(".md").read_text()
+    assert _cells(md, "ours")[:3] == ["ours", "500 (500-500)", "1 (1-1)"] and md in capsys.readouterr().out
+    assert _cells(md, "a") == ["a", "1.0", "0.5", "1.0", "0.5"]
