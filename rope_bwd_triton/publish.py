@@ -15,6 +15,7 @@ that the upload does not hold are deleted. `kernels.get_kernel(repo_id, version=
 reads branch v<version>; the version comes from build.toml.
 
     --card-only    write the card and stop
+    --check-card   exit 1 if CARD.md is not README.md's card part; writes nothing
     --dry-run      print every operation; no network
     (default)      upload with huggingface_hub: branch v<version> created first (from
                    main, as kernel-builder does), then one commit per branch
@@ -26,6 +27,7 @@ reads branch v<version>; the version comes from build.toml.
 
 import hashlib
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,9 +59,8 @@ def render_card(readme: str) -> str:
     return f"{FRONT_MATTER}\n# rope-bwd\n\n{body.strip()}\n"
 
 
-def write_card() -> Path:
-    CARD.write_text(render_card((REPO_ROOT / "README.md").read_text()))
-    return CARD
+def card_text() -> str:
+    return render_card((REPO_ROOT / "README.md").read_text())
 
 
 def branch(root: Path = REPO_ROOT) -> str:
@@ -154,6 +155,9 @@ def add_arguments(parser):
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--card-only", action="store_true", help=f"write {CARD.name} from README.md's card part; no more")
+    mode.add_argument(
+        "--check-card", action="store_true", help=f"exit 1 if {CARD.name} is not README.md's card part; write nothing"
+    )
     mode.add_argument("--dry-run", action="store_true", help="print every operation of the upload; no network")
     mode.add_argument("--to-cache", type=Path, metavar="DIR", help="install into a Hub-cache layout instead")
 
@@ -164,7 +168,15 @@ def _shown(path: Path) -> Path:
 
 def main(args) -> int:
     repo_id = args.repo_id or default_repo_id()
-    print(f"wrote {write_card()}")
+    if args.check_card:
+        if CARD.read_text() != card_text():
+            print(
+                f"publish: {CARD} is out of date; run `python -m rope_bwd_triton publish --card-only`", file=sys.stderr
+            )
+            return 1
+        return 0
+    CARD.write_text(card_text())
+    print(f"wrote {CARD}")
     if args.card_only:
         return 0
     ops = operations()

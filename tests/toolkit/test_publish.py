@@ -124,10 +124,14 @@ def card(monkeypatch, tmp_path):
     return publish.CARD
 
 
-def test_card_only_writes_the_card(capsys, card):
+def test_card_only_writes_the_card_and_check_card_judges_it(capsys, card):
+    card.write_text("stale\n")
+    assert toolkit.main(["publish", "--check-card"]) == 1
+    assert "is out of date" in capsys.readouterr().err and card.read_text() == "stale\n"
     assert toolkit.main(["publish", "--card-only"]) == 0
     assert capsys.readouterr().out == f"wrote {card}\n"
     assert card.read_text() == publish.render_card((REPO_ROOT / "README.md").read_text())
+    assert toolkit.main(["publish", "--check-card"]) == 0
 
 
 def test_dry_run_writes_the_card_and_prints_exactly_the_operations(capsys, monkeypatch, card):
