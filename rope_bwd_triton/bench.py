@@ -137,7 +137,7 @@ def header(kernel, device) -> str:
 
     if device == "cpu":
         path = "Triton's interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "the package's PyTorch path"
-        where = f"CPU (no GPU here: {path} runs; the timings mean nothing)"
+        where = f"CPU ({path} runs; the timings mean nothing)"
     else:
         where = torch.cuda.get_device_name(device)
     return (

@@ -30,7 +30,7 @@ without a profiler (`Stats.other` is None): only there to exercise the code
 path, the numbers mean nothing.
 
 `interleave` takes turns round by round, for the commands that time several
-things by the host's clock or over whole steps (host, e2e).
+things by the host's clock or over whole steps (overhead, e2e).
 """
 
 import contextlib
