@@ -202,7 +202,8 @@ def render_plot(runs, path) -> bool:
     )
     impls = {n: i for run in runs for n, i in run["impls"].items()}
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(14, 5.5))
-    for task, style in (("bwd", "k--"), ("bwd_qk", "k:")):
+    measured = {i["task"] for i in impls.values()}
+    for task, style in ((t, style) for t, style in (("bwd", "k--"), ("bwd_qk", "k:")) if t in measured):
         ax_t.plot(
             [w["S"] for w, _ in ws], [w["floors"][task]["us"] for w, _ in ws], style, label=f"floor: {TASKS[task][0]}"
         )
@@ -217,13 +218,13 @@ def render_plot(runs, path) -> bool:
     for run in runs:
         ax_b.axhline(run["copy"]["GBps"], color="k", ls="--", lw=1)
     ax_b.plot([], [], "k--", lw=1, label="copy bandwidth (the floor)")
-    gpu = runs[0]["meta"]["gpu"] or "CPU (timings meaningless)"
+    gpu = runs[0]["meta"]["gpu"]
     ax_t.set(
         xscale="log",
         yscale="log",
         xlabel="S (tokens)",
-        ylabel="us per call (cold L2)",
-        title=f"time, H={H} D={D}, {gpu}",
+        ylabel="us per call " + ("(cold L2)" if gpu else "(CPU wall clock)"),
+        title=f"time, H={H} D={D}, {gpu or 'CPU (timings meaningless)'}",
     )
     ax_b.set(xscale="log", xlabel="S (tokens)", ylabel="GB/s (floor bytes / time)", title="achieved bandwidth")
     ax_t.grid(True, which="both", alpha=0.3)
