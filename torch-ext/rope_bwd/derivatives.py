@@ -1,21 +1,20 @@
-"""Derivatives past the first backward: the backward's own backward (double
-backward), forward-mode rules (jvp) and the vmap rule.
+"""The rotation's autograd past the first eager backward: torch.func transforms (grad, vmap,
+jvp, hessian), forward-mode AD and double backward.
 
-The rotation is linear in q/k and in the (cos, sin) table, and its backward is
-linear in the upstream gradients and bilinear in them and (q, k) or the table. So
-every derivative is a sum of calls of the same two maps, each of which is
-differentiable again (any order runs the kernels):
+The rotation is linear in q/k and in the (cos, sin) table, and its backward is linear in the
+upstream gradients and bilinear in them and (q, k) or the table. So every derivative is a sum
+of calls of the same two maps, each differentiable again (any order runs the kernel):
     F(xq, xk, table, sin)                        -> (yq, yk)          the rotation
     B(gq, gk, q, k, table, sin, need_q, need_k)  -> (dq, dk, dt, ds)  its adjoint, and the
                                                     table's gradient when q and k are given
 `table` holds angles when sin is None, else cos. Angles enter through cos(table) and
-sin(table): a tangent t of the angles is the (cos, sin) tangent (-sin*t, cos*t), and
-the angle gradient -sin*gcos + cos*gsin adds one term of its own (`_curvature`).
-Only the outputs asked for (need_q, need_k, q given, sin given) are read from B.
+sin(table): a tangent t of the angles is the (cos, sin) tangent (-sin*t, cos*t), and the
+angle gradient -sin*gcos + cos*gsin adds one term of its own (`_curvature`).
 """
 
 import torch
 
+from . import ops
 from .rotary_torch import math_dtype
 
 
@@ -139,3 +138,86 @@ def vmap_folded(fn, batch_size, in_dims, tensors, *rest):
         tuple(None if o is None else o.unflatten(0, (batch_size, S)) for o in outs),
         tuple(None if o is None else 0 for o in outs),
     )
+
+
+# ------------------------------------------------------------------ the Functions
+
+
+def transforms_active() -> bool:
+    """torch.func transforms or a forward-mode AD level are live."""
+    return torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
+
+
+def _maps(interleaved):
+    """F and B of the module docstring, differentiable."""
+    return (
+        lambda *args: ops.rotary(*args, interleaved),
+        lambda *args: ops.rotary_grad(*args, interleaved),
+    )
+
+
+class RotaryFn(torch.autograd.Function):
+    """The rotation for torch.func transforms and forward-mode AD, which need setup_context and
+    jvp and vmap rules (eager calls take ops.EagerRotary, whose context costs less host time)."""
+
+    @staticmethod
+    def forward(q, k, table, sin, interleaved):
+        return ops.forward_impl(q, k, table, sin, interleaved)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ops.setup_context(ctx, inputs, output)
+        ctx.bwd = ops.rotary_grad  # the transforms run the backward on wrapped tensors
+        ctx.save_for_forward(*inputs[:4])
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        return ops.backward(ctx, gq, gk)
+
+    @staticmethod
+    def jvp(ctx, tq, tk, t_table, t_sin, t_interleaved):
+        F, _ = _maps(ctx.interleaved)
+        return rotation_jvp(F, *ctx.saved_tensors, tq, tk, t_table, t_sin)
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, table, sin, interleaved):
+        F, _ = _maps(interleaved)
+        return vmap_folded(F, info.batch_size, in_dims[:4], (q, k, table, sin))
+
+
+def grad_setup_context(ctx, inputs, output):
+    *saved, ctx.need_q, ctx.need_k, ctx.interleaved = inputs
+    ctx.save_for_backward(*saved)
+
+
+def grad_backward(ctx, vq, vk, v_table, v_sin):
+    F, B = _maps(ctx.interleaved)
+    needs = ctx.needs_input_grad[:6]
+    grads = adjoint_vjp(F, B, ctx.saved_tensors, ctx.need_q, ctx.need_k, needs, (vq, vk, v_table, v_sin))
+    return (*grads, None, None, None)
+
+
+class RotaryGrad(torch.autograd.Function):
+    """The backward as a differentiable function: ops' backward forward, the rules above for its
+    backward, jvp and vmap."""
+
+    @staticmethod
+    def forward(gq, gk, q, k, table, sin, need_q, need_k, interleaved):
+        return ops.backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        grad_setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*inputs[:6])
+
+    backward = staticmethod(grad_backward)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        _, B = _maps(ctx.interleaved)
+        return adjoint_jvp(B, ctx.saved_tensors, ctx.need_q, ctx.need_k, tangents[:6])
+
+    @staticmethod
+    def vmap(info, in_dims, gq, gk, q, k, table, sin, need_q, need_k, interleaved):
+        _, B = _maps(interleaved)
+        return vmap_folded(B, info.batch_size, in_dims[:6], (gq, gk, q, k, table, sin), need_q, need_k)

@@ -1,11 +1,17 @@
-"""The rotary embedding in plain PyTorch: the CPU path, and the readable statement
-of the semantics that the Triton kernels must match.
+"""The rotary embedding in PyTorch: the specification the kernel must match, the CPU
+path and the float64 path.
 
-Layout: q, k and their gradients are [S, H, D] (any strides); the rotation
-table is [S, D], either angles (`embeddings`, cos/sin taken here) or a
-(cos, sin) pair. Math runs in float32 (float64 when q or k is float64) and results
-are cast back to the dtype of the tensor they are the value or gradient of; q and
-k may differ in dtype, as in transformers.
+q, k and their gradients are [S, H, D] (any strides); the table is [S, R] with R even
+and R <= D: angles (`embeddings`, whose cos/sin are taken here) or a (cos, sin) pair.
+The first R channels of each head are rotated in pairs, the other D - R pass through:
+    halves:      pair j = (j, j + R/2)      transformers' rotate_half
+    interleaved: pair j = (2j, 2j + 1)      transformers' rotate_pairwise
+Each pair (x1, x2) with table pairs (c1, c2), (s1, s2) (the two halves of a table row
+are never assumed equal):
+    forward:  y1 = x1*c1 - x2*s1      y2 = x2*c2 + x1*s2
+    adjoint:  y1 = x1*c1 + x2*s2      y2 = x2*c2 - x1*s1      (the backward of q and k)
+Math runs in float32 (float64 when q or k is float64); each result is cast back to the
+dtype of the tensor it is the value or gradient of (q and k may differ in dtype).
 """
 
 import torch
@@ -16,75 +22,76 @@ def math_dtype(*tensors) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def _halves(x: torch.Tensor):
-    half = x.shape[-1] // 2
-    return x[..., :half], x[..., half:]
+def split_pairs(x: torch.Tensor, rot: int, interleaved: bool):
+    """(x1, x2, tail): the first and second element of each rotated pair of the first `rot`
+    channels, and the channels past them."""
+    r, tail = x[..., :rot], x[..., rot:]
+    if interleaved:
+        return r[..., 0::2], r[..., 1::2], tail
+    return r[..., : rot // 2], r[..., rot // 2 :], tail
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = _halves(x)
-    return torch.cat((-x2, x1), dim=-1)
+def join_pairs(y1: torch.Tensor, y2: torch.Tensor, tail, interleaved: bool) -> torch.Tensor:
+    """split_pairs' inverse; tail None: the rotated channels alone."""
+    y = torch.stack((y1, y2), dim=-1).flatten(-2) if interleaved else torch.cat((y1, y2), dim=-1)
+    return y if tail is None or tail.shape[-1] == 0 else torch.cat((y, tail), dim=-1)
 
 
-def cos_sin(embeddings: torch.Tensor, dtype: torch.dtype):
-    e = embeddings.to(dtype)
-    return e.cos(), e.sin()
+def cos_sin(table: torch.Tensor, sin, dtype: torch.dtype):
+    """The (cos, sin) tables in the math dtype: given, or of the angles `table` when sin is None."""
+    if sin is None:
+        e = table.to(dtype)
+        return e.cos(), e.sin()
+    return table.to(dtype), sin.to(dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, adjoint: bool) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, or its adjoint (the backward map of x).
-
-    cos/sin are [S, D] in the math dtype; the result is in the math dtype.
-    With general (not half-duplicated) tables the adjoint mixes halves:
-        forward: y1 = x1*c1 - x2*s1   y2 = x2*c2 + x1*s2
-        adjoint: y1 = x1*c1 + x2*s2   y2 = x2*c2 - x1*s1
-    """
-    x = x.to(cos.dtype)
-    c, s = cos[:, None, :], sin[:, None, :]
-    if not adjoint:
-        return x * c + rotate_half(x) * s
-    x1, x2 = _halves(x)
-    c1, c2 = _halves(c)
-    s1, s2 = _halves(s)
-    return torch.cat((x1 * c1 + x2 * s2, x2 * c2 - x1 * s1), dim=-1)
+def rotate(x, cos, sin, *, adjoint: bool, interleaved: bool = False) -> torch.Tensor:
+    """The rotation of x [S, H, D] by cos/sin [S, R] (math dtype), or its adjoint; math dtype."""
+    rot = cos.shape[-1]
+    x1, x2, tail = split_pairs(x.to(cos.dtype), rot, interleaved)
+    c1, c2, _ = split_pairs(cos[:, None, :], rot, interleaved)
+    s1, s2, _ = split_pairs(sin[:, None, :], rot, interleaved)
+    if adjoint:
+        y1, y2 = x1 * c1 + x2 * s2, x2 * c2 - x1 * s1
+    else:
+        y1, y2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+    return join_pairs(y1, y2, tail, interleaved)
 
 
-def grad_cos_sin(gq, gk, q, k, dtype: torch.dtype):
-    """Gradients of the cos and sin tables: sums over heads of g*x and g*rotate_half(x)."""
-    gcos = 0
-    gsin = 0
+def grad_cos_sin(gq, gk, q, k, rot: int, dtype: torch.dtype, interleaved: bool = False):
+    """Gradients of the cos and sin tables [S, R]: sums over the heads of q and k of g*x and
+    g*rotated(x), rotated(x) = (-x2, x1) pairwise."""
+    gc1 = gc2 = gs1 = gs2 = 0
     for g, x in ((gq, q), (gk, k)):
-        g, x = g.to(dtype), x.to(dtype)
-        gcos = gcos + (g * x).sum(dim=1)
-        gsin = gsin + (g * rotate_half(x)).sum(dim=1)
-    return gcos, gsin
+        g1, g2, _ = split_pairs(g.to(dtype), rot, interleaved)
+        x1, x2, _ = split_pairs(x.to(dtype), rot, interleaved)
+        gc1, gc2 = gc1 + (g1 * x1).sum(1), gc2 + (g2 * x2).sum(1)
+        gs1, gs2 = gs1 - (g1 * x2).sum(1), gs2 + (g2 * x1).sum(1)
+    return join_pairs(gc1, gc2, None, interleaved), join_pairs(gs1, gs2, None, interleaved)
 
 
-def forward(q, k, table, sin=None):
-    """(q_embed, k_embed). table = angles when sin is None, else cos."""
-    dt = math_dtype(q, k)
-    cos, sn = cos_sin(table, dt) if sin is None else (table.to(dt), sin.to(dt))
+def forward(q, k, table, sin=None, interleaved=False):
+    """(q_embed, k_embed). table: the angles when sin is None, else cos."""
+    cos, sn = cos_sin(table, sin, math_dtype(q, k))
     return (
-        rotate(q, cos, sn, adjoint=False).to(q.dtype),
-        rotate(k, cos, sn, adjoint=False).to(k.dtype),
+        rotate(q, cos, sn, adjoint=False, interleaved=interleaved).to(q.dtype),
+        rotate(k, cos, sn, adjoint=False, interleaved=interleaved).to(k.dtype),
     )
 
 
-def backward(gq, gk, q, k, table, sin=None, *, need_q=True, need_k=True):
-    """(grad_q, grad_k, grad_table, grad_sin); None where not asked for.
+def backward(gq, gk, q, k, table, sin=None, need_q=True, need_k=True, interleaved=False):
+    """(grad_q, grad_k, grad_table, grad_sin), None where not asked for.
 
-    The table gradient is computed when q and k are given (they are read only
-    for it): grad_embeddings in angle mode, else (grad_cos, grad_sin).
+    The table gradient is computed when q and k are given (they are read only for it):
+    the angles' gradient when sin is None, else (grad_cos, grad_sin).
     """
     dt = math_dtype(gq, gk)
-    cos, sn = cos_sin(table, dt) if sin is None else (table.to(dt), sin.to(dt))
-    dq = rotate(gq, cos, sn, adjoint=True).to(gq.dtype) if need_q else None
-    dk = rotate(gk, cos, sn, adjoint=True).to(gk.dtype) if need_k else None
-    dtable = dsin = None
-    if q is not None:
-        gcos, gsin = grad_cos_sin(gq, gk, q, k, dt)
-        if sin is None:
-            dtable = (cos * gsin - sn * gcos).to(table.dtype)
-        else:
-            dtable, dsin = gcos.to(table.dtype), gsin.to(sin.dtype)
-    return dq, dk, dtable, dsin
+    cos, sn = cos_sin(table, sin, dt)
+    dq = rotate(gq, cos, sn, adjoint=True, interleaved=interleaved).to(gq.dtype) if need_q else None
+    dk = rotate(gk, cos, sn, adjoint=True, interleaved=interleaved).to(gk.dtype) if need_k else None
+    if q is None:
+        return dq, dk, None, None
+    gcos, gsin = grad_cos_sin(gq, gk, q, k, cos.shape[-1], dt, interleaved)
+    if sin is None:  # d/dangle (cos, sin) = (-sin, cos)
+        return dq, dk, (cos * gsin - sn * gcos).to(table.dtype), None
+    return dq, dk, gcos.to(table.dtype), gsin.to(sin.dtype)

@@ -21,20 +21,23 @@ def _same(fn, name, got, want, what):
         raise ValueError(f"{fn}: {name} must have {what} {want}, got {got}")
 
 
-def check_inputs(fn, heads, tables, grads=()):
+def check_inputs(fn, heads, tables, grads=(), partial=False):
     """heads: [(name, tensor)] for q and k ([S, H, D]); tables: [(name, tensor)] for
-    embeddings or (cos, sin) ([S, D]); grads: [(name, tensor)], the upstream gradients
-    of the heads in the same order, each shaped like its head."""
+    embeddings or (cos, sin) ([S, D], or [S, R] with R even and R <= D where partial);
+    grads: [(name, tensor)], the upstream gradients of the heads in the same order, each
+    shaped like its head."""
     named = (*heads, *tables, *grads)
     # The checks read only types, shapes, dtypes and devices: a call like one that passed
     # passes (host time per call is what a training step at small S waits on).
-    key = _passed_key(fn, named)
+    key = _passed_key(fn, named, partial)
     if key is not None and key in _PASSED:
         return
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    _check_meta(fn, *[tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)])
+    _check_meta(
+        fn, *[tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)], partial
+    )
     if key is not None:
         if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _PASSED.clear()
@@ -44,7 +47,7 @@ def check_inputs(fn, heads, tables, grads=()):
 _PASSED = set()  # _passed_key of the calls whose checks passed
 
 
-def _passed_key(fn, named):
+def _passed_key(fn, named, partial):
     """What the checks read of a call, with each tensor's token count replaced by whether it
     equals q's: the checks' outcome then holds for every S, so the set of passed calls does
     not grow with the number of sizes. `fn` fixes the names and their order. None where it
@@ -54,14 +57,14 @@ def _passed_key(fn, named):
         return None
     try:
         S = named[0][1].shape[0]
-        key = (fn, *[(type(t), t.shape[1:], t.dtype, t.device, t.shape[0] == S) for _, t in named])
+        key = (fn, partial, *[(type(t), t.shape[1:], t.dtype, t.device, t.shape[0] == S) for _, t in named])
         hash(key)
     except (AttributeError, IndexError, TypeError):
         return None
     return key
 
 
-def _check_meta(fn, heads, tables, grads):
+def _check_meta(fn, heads, tables, grads, partial=False):
     """check_inputs on (name, shape, dtype, device) of each tensor."""
     for name, shape, dtype, _ in heads + grads:
         _tensor(fn, name, shape, dtype, 3, "[S, H, D]")
@@ -77,8 +80,16 @@ def _check_meta(fn, heads, tables, grads):
         _same(fn, name, tuple(shape), tuple(of_shape), f"the shape of {of_name}")
         _same(fn, name, dtype, of_dtype, f"the dtype of {of_name}")
     for name, shape, _, _ in tables:
-        _same(fn, name, tuple(shape), (S, D), "shape [S, D] =")
+        if partial and shape[0] == S and shape[1] != D:
+            if shape[1] % 2 or not 0 < shape[1] < D:
+                raise ValueError(
+                    f"{fn}: {name} must be [S, R] with R even and at most head_dim {D} (R < D: partial rotary), "
+                    f"got {tuple(shape)}"
+                )
+        else:
+            _same(fn, name, tuple(shape), (S, D), "shape [S, D] =")
     if len(tables) == 2:
+        _same(fn, tables[1][0], tuple(tables[1][1]), tuple(tables[0][1]), f"the shape of {tables[0][0]}")
         _same(fn, tables[1][0], tables[1][2], tables[0][2], f"the dtype of {tables[0][0]}")
     for name, _, _, device in heads + tables + grads:
         if device != q_device:

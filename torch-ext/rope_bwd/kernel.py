@@ -1,0 +1,306 @@
+"""The rotary embedding's Triton kernel, forward and backward (launch.py launches it).
+
+One program owns BLOCK_S tokens x BLOCK_D rotated pairs, for every head of q and k, taken
+BLOCK_R // 2 heads of each side at a time. Per pair (x1, x2) and table pairs (c1, c2),
+(s1, s2) (rotary_torch.py states the math):
+    forward:  y1 = x1*c1 - x2*s1      y2 = x2*c2 + x1*s2
+    adjoint:  y1 = x1*c1 + x2*s2      y2 = x2*c2 - x1*s1
+    grad_cos = sum_h (g * x)          grad_sin = sum_h (g * (-x2, x1))
+    grad_angles = cos * grad_sin - sin * grad_cos
+A pair is (j, j + HALF) (halves) or (2j, 2j + 1) (INTERLEAVED); channels past 2*HALF
+(partial rotary) are copied by the programs of the first pair block.
+
+Both elements of a pair are read by one access, along a tile axis of 2, so the partner
+comes from registers. cos/sin are evaluated once per token row for all heads. The table
+gradient is a sum over heads in registers in a fixed order: deterministic, no atomics.
+Within a chunk of heads every load of both sides comes before any store: the compiler
+cannot prove that outputs do not alias inputs, and interleaved loads and stores would
+serialize. Offsets are int64: S*H*D may pass 2^31 elements.
+
+Strides are constexprs (a stride >= 0 is itself, -a stands for a*seq_len: see
+launch.encode_strides); seq_len is the only integer argument and is not specialized, so
+a new sequence length compiles nothing.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _stride(seq_len, stride: tl.constexpr):
+    """A stride constexpr as launch.encode_strides writes it: >= 0 is the stride, -a is a*seq_len."""
+    if stride < 0:
+        return tl.cast(seq_len, tl.int64) * (-stride)
+    else:
+        return stride
+
+
+# fmt: off
+@triton.jit
+def _pair_tile(
+    ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, H: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr, PAIR_AXIS_FIRST: tl.constexpr,
+):
+    # fmt: on
+    """Pointers and mask of BLOCK_D pairs of heads h ([1, BLOCK_H, 1]) of tokens s ([BLOCK_S, 1, 1]):
+    [2, S, H, D] (PAIR_AXIS_FIRST) or [S, H, D, 2]; interleaved pairs are contiguous, so their tile
+    is flat, [S, H, 2*D] (wide accesses), and is reshaped to [S, H, D, 2] once loaded."""
+    base = ptr + s * stride_seq + h * stride_head
+    in_range = (s < seq_len) & (h < H)
+    if INTERLEAVED:
+        c = pid_d * 2 * BLOCK_D + tl.arange(0, 2 * BLOCK_D)[None, None, :]
+        return base + c * stride_dim, in_range & (c < 2 * HALF)
+    j = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)[None, None, :]
+    p = base + j * stride_dim
+    m = in_range & (j < HALF)
+    if PAIR_AXIS_FIRST:
+        return p[None, :, :, :] + tl.arange(0, 2)[:, None, None, None] * (HALF * stride_dim), m[None, :, :, :]
+    else:
+        return p[:, :, :, None] + tl.arange(0, 2)[None, None, None, :] * (HALF * stride_dim), m[:, :, :, None]
+
+
+# fmt: off
+@triton.jit
+def _load_pairs(
+    ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, H: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
+    REGS_FIRST: tl.constexpr,
+):
+    # fmt: on
+    """(x1, x2) [BLOCK_S, BLOCK_H, BLOCK_D] in float32. The pair axis goes where this Triton keeps
+    it in each thread's registers (REGS_FIRST, see launch.py); elsewhere Triton would regroup every
+    loaded tile through shared memory. One access for both halves also brings the 32-byte sectors
+    two half rows share (bf16 head_dim 72: 72-byte halves) to the L2 once."""
+    ptrs, m = _pair_tile(
+        ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, H, HALF, BLOCK_D, INTERLEAVED, REGS_FIRST
+    )
+    x = tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+    if INTERLEAVED:
+        x = tl.reshape(x, (BLOCK_S, BLOCK_H, BLOCK_D, 2))
+    elif REGS_FIRST:
+        x = tl.permute(x, (1, 2, 3, 0))
+    return tl.split(x)
+
+
+# fmt: off
+@triton.jit
+def _store_pairs(
+    ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, y1, y2, H: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ROW_STORE: tl.constexpr, REGS_FIRST: tl.constexpr,
+):
+    # fmt: on
+    """Stores both elements of the pairs by one access. ROW_STORE puts the pair axis on the lanes, so
+    that one instruction writes whole rows (where half rows share 32-byte sectors), at the cost of a
+    register shuffle."""
+    FIRST: tl.constexpr = ROW_STORE != REGS_FIRST
+    y = tl.join(y1, y2).to(ptr.dtype.element_ty)
+    if INTERLEAVED:
+        y = tl.reshape(y, (BLOCK_S, BLOCK_H, 2 * BLOCK_D))
+    elif FIRST:
+        y = tl.permute(y, (3, 0, 1, 2))
+    ptrs, m = _pair_tile(
+        ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, H, HALF, BLOCK_D, INTERLEAVED, FIRST
+    )
+    tl.store(ptrs, y, mask=m)
+
+
+# fmt: off
+@triton.jit
+def _copy_tail(
+    in_ptr, out_ptr, stride_in_seq, stride_in_head, stride_in_dim, stride_out_seq, stride_out_head, stride_out_dim, s,
+    h, seq_len, H: tl.constexpr, ROT: tl.constexpr, TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+):
+    # fmt: on
+    """Channels ROT .. ROT + TAIL - 1 of heads h, which partial rotary passes through unchanged."""
+    c = ROT + tl.arange(0, BLOCK_TAIL)[None, None, :]
+    m = (s < seq_len) & (h < H) & (c < ROT + TAIL)
+    x = tl.load(in_ptr + s * stride_in_seq + h * stride_in_head + c * stride_in_dim, mask=m)
+    tl.store(
+        out_ptr + s * stride_out_seq + h * stride_out_head + c * stride_out_dim, x.to(out_ptr.dtype.element_ty), mask=m
+    )
+
+
+@triton.jit(do_not_specialize=["seq_len"])
+def rotary_kernel(
+    # fmt: off
+    # Rotated inputs [S, HQ, D], [S, HK, D]: q, k (forward) or grad_q_embed, grad_k_embed (backward)
+    in_q_ptr,
+    in_k_ptr,
+    # Outputs shaped as the inputs: q_embed, k_embed (forward) or grad_q, grad_k (backward)
+    out_q_ptr,
+    out_k_ptr,
+    # Backward with the table gradient only: q and k
+    q_ptr,
+    k_ptr,
+    # Table [S, R]: the angles (ANGLES; sin_ptr unused) or cos, sin; and its gradient
+    table_ptr,
+    sin_ptr,
+    grad_table_ptr,
+    grad_sin_ptr,
+    seq_len,
+    # Sizes: heads, rotated pairs per head (R / 2), channels past them (D - R) and their power of 2
+    HQ: tl.constexpr,
+    HK: tl.constexpr,
+    HALF: tl.constexpr,
+    TAIL: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    # Strides, in elements (see _stride)
+    stride_in_q_seq: tl.constexpr,
+    stride_in_q_head: tl.constexpr,
+    stride_in_q_dim: tl.constexpr,
+    stride_in_k_seq: tl.constexpr,
+    stride_in_k_head: tl.constexpr,
+    stride_in_k_dim: tl.constexpr,
+    stride_out_q_seq: tl.constexpr,
+    stride_out_q_head: tl.constexpr,
+    stride_out_q_dim: tl.constexpr,
+    stride_out_k_seq: tl.constexpr,
+    stride_out_k_head: tl.constexpr,
+    stride_out_k_dim: tl.constexpr,
+    stride_q_seq: tl.constexpr,
+    stride_q_head: tl.constexpr,
+    stride_q_dim: tl.constexpr,
+    stride_k_seq: tl.constexpr,
+    stride_k_head: tl.constexpr,
+    stride_k_dim: tl.constexpr,
+    stride_table_seq: tl.constexpr,
+    stride_table_dim: tl.constexpr,
+    stride_sin_seq: tl.constexpr,
+    stride_sin_dim: tl.constexpr,
+    stride_grad_table_seq: tl.constexpr,
+    stride_grad_table_dim: tl.constexpr,
+    stride_grad_sin_seq: tl.constexpr,
+    stride_grad_sin_dim: tl.constexpr,
+    # Tiling: tokens and pairs per program, heads per chunk (q's and k's together)
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    # What the call computes: the adjoint rotation (backward), angles in the table, interleaved
+    # pairs, which outputs
+    ADJOINT: tl.constexpr,
+    ANGLES: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    WRITE_Q: tl.constexpr,
+    WRITE_K: tl.constexpr,
+    GRAD_TABLE: tl.constexpr,
+    # Code generation (launch.py)
+    ROW_STORE: tl.constexpr,
+    REGS_FIRST: tl.constexpr,
+    # fmt: on
+):
+    BLOCK_H: tl.constexpr = BLOCK_R // 2
+    # A side is read when it is written or summed for the table gradient.
+    READ_Q: tl.constexpr = WRITE_Q or GRAD_TABLE
+    READ_K: tl.constexpr = WRITE_K or GRAD_TABLE
+    # Strides other than the tokens' may be multiples of seq_len (sdpa's [1, H, S, D] gradient).
+    stride_in_q_head, stride_in_q_dim = _stride(seq_len, stride_in_q_head), _stride(seq_len, stride_in_q_dim)
+    stride_in_k_head, stride_in_k_dim = _stride(seq_len, stride_in_k_head), _stride(seq_len, stride_in_k_dim)
+    stride_out_q_head, stride_out_q_dim = _stride(seq_len, stride_out_q_head), _stride(seq_len, stride_out_q_dim)
+    stride_out_k_head, stride_out_k_dim = _stride(seq_len, stride_out_k_head), _stride(seq_len, stride_out_k_dim)
+    stride_q_head, stride_q_dim = _stride(seq_len, stride_q_head), _stride(seq_len, stride_q_dim)
+    stride_k_head, stride_k_dim = _stride(seq_len, stride_k_head), _stride(seq_len, stride_k_dim)
+    stride_table_dim, stride_sin_dim = _stride(seq_len, stride_table_dim), _stride(seq_len, stride_sin_dim)
+    stride_grad_table_dim = _stride(seq_len, stride_grad_table_dim)
+    stride_grad_sin_dim = _stride(seq_len, stride_grad_sin_dim)
+
+    pid_d = tl.program_id(1)
+    s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+    j = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_sj = (s[:, None] < seq_len) & (j[None, :] < HALF)
+    if INTERLEAVED:  # the channels of the pairs' elements in a table row
+        ch1 = 2 * j[None, :]
+        ch2 = ch1 + 1
+    else:
+        ch1 = j[None, :]
+        ch2 = ch1 + HALF
+    s2 = s[:, None]
+    s3 = s[:, None, None]
+
+    # The table's loads are issued before the first chunk's, and used after them: a program
+    # then waits for one DRAM round trip, not two.
+    t1 = tl.load(table_ptr + s2 * stride_table_seq + ch1 * stride_table_dim, mask=mask_sj, other=0.0).to(tl.float32)
+    t2 = tl.load(table_ptr + s2 * stride_table_seq + ch2 * stride_table_dim, mask=mask_sj, other=0.0).to(tl.float32)
+    if not ANGLES:
+        n1 = tl.load(sin_ptr + s2 * stride_sin_seq + ch1 * stride_sin_dim, mask=mask_sj, other=0.0).to(tl.float32)
+        n2 = tl.load(sin_ptr + s2 * stride_sin_seq + ch2 * stride_sin_dim, mask=mask_sj, other=0.0).to(tl.float32)
+
+    gc1 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
+    gc2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
+    gs1 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
+    gs2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
+    zero = tl.zeros((BLOCK_S, BLOCK_H, BLOCK_D), tl.float32)
+    for h0 in range(0, HQ if HQ > HK else HK, BLOCK_H):
+        h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
+        # fmt: off
+        # Every load of the chunk, both sides', before any store; what is not read stays zero.
+        xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = zero, zero, zero, zero, zero, zero, zero, zero
+        if READ_Q:
+            xq1, xq2 = _load_pairs(in_q_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, s3, h, pid_d,
+                                   seq_len, HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+        if READ_K:
+            xk1, xk2 = _load_pairs(in_k_ptr, stride_in_k_seq, stride_in_k_head, stride_in_k_dim, s3, h, pid_d,
+                                   seq_len, HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+        if GRAD_TABLE:
+            pq1, pq2 = _load_pairs(q_ptr, stride_q_seq, stride_q_head, stride_q_dim, s3, h, pid_d,
+                                   seq_len, HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+            pk1, pk2 = _load_pairs(k_ptr, stride_k_seq, stride_k_head, stride_k_dim, s3, h, pid_d,
+                                   seq_len, HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+        # fmt: on
+        if ANGLES:  # once per token row for all the heads of a chunk
+            c1 = tl.cos(t1)
+            c2 = tl.cos(t2)
+            n1 = tl.sin(t1)
+            n2 = tl.sin(t2)
+        else:
+            c1 = t1
+            c2 = t2
+        # y1 = x1*c1 + x2*a, y2 = x2*c2 + x1*b: the adjoint swaps which sine goes where.
+        if ADJOINT:
+            a = n2[:, None, :]
+            b = -n1[:, None, :]
+        else:
+            a = -n1[:, None, :]
+            b = n2[:, None, :]
+        c1b = c1[:, None, :]
+        c2b = c2[:, None, :]
+        if GRAD_TABLE:
+            # One reduction per quantity over both sides (masked heads hold zeros).
+            gc1 += tl.sum(xq1 * pq1 + xk1 * pk1, axis=1)
+            gc2 += tl.sum(xq2 * pq2 + xk2 * pk2, axis=1)
+            gs1 -= tl.sum(xq1 * pq2 + xk1 * pk2, axis=1)
+            gs2 += tl.sum(xq2 * pq1 + xk2 * pk1, axis=1)
+        # fmt: off
+        if WRITE_Q:
+            _store_pairs(out_q_ptr, stride_out_q_seq, stride_out_q_head, stride_out_q_dim, s3, h, pid_d, seq_len,
+                         xq1 * c1b + xq2 * a, xq2 * c2b + xq1 * b,
+                         HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, ROW_STORE, REGS_FIRST)
+        if WRITE_K:
+            _store_pairs(out_k_ptr, stride_out_k_seq, stride_out_k_head, stride_out_k_dim, s3, h, pid_d, seq_len,
+                         xk1 * c1b + xk2 * a, xk2 * c2b + xk1 * b,
+                         HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, ROW_STORE, REGS_FIRST)
+        if BLOCK_TAIL > 0:
+            if pid_d == 0:
+                if WRITE_Q:
+                    _copy_tail(in_q_ptr, out_q_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim,
+                               stride_out_q_seq, stride_out_q_head, stride_out_q_dim, s3, h, seq_len,
+                               HQ, 2 * HALF, TAIL, BLOCK_TAIL)
+                if WRITE_K:
+                    _copy_tail(in_k_ptr, out_k_ptr, stride_in_k_seq, stride_in_k_head, stride_in_k_dim,
+                               stride_out_k_seq, stride_out_k_head, stride_out_k_dim, s3, h, seq_len,
+                               HK, 2 * HALF, TAIL, BLOCK_TAIL)
+        # fmt: on
+
+    if GRAD_TABLE:
+        g1 = grad_table_ptr + s2 * stride_grad_table_seq
+        if ANGLES:  # d/dangle (cos, sin) = (-sin, cos)
+            gt1 = tl.cos(t1) * gs1 - tl.sin(t1) * gc1
+            gt2 = tl.cos(t2) * gs2 - tl.sin(t2) * gc2
+        else:
+            gt1 = gc1
+            gt2 = gc2
+            g2 = grad_sin_ptr + s2 * stride_grad_sin_seq
+            tl.store(g2 + ch1 * stride_grad_sin_dim, gs1.to(grad_sin_ptr.dtype.element_ty), mask=mask_sj)
+            tl.store(g2 + ch2 * stride_grad_sin_dim, gs2.to(grad_sin_ptr.dtype.element_ty), mask=mask_sj)
+        tl.store(g1 + ch1 * stride_grad_table_dim, gt1.to(grad_table_ptr.dtype.element_ty), mask=mask_sj)
+        tl.store(g1 + ch2 * stride_grad_table_dim, gt2.to(grad_table_ptr.dtype.element_ty), mask=mask_sj)

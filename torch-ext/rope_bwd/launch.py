@@ -1,0 +1,278 @@
+"""Launches of kernel.rotary_kernel: the configuration, the constexprs, the grid.
+
+Compiled once per layout, never per sequence length: the only runtime arguments are the
+pointers and seq_len. Strides are constexprs, and a stride that grows with S (the heads of
+sdpa's [1, H, S, D] gradient seen as [S, H, D]: head stride S*D) is passed as -a for a*S
+(`encode_strides`), which the kernel multiplies back. Triton compiles one kernel per value of
+the constexprs, the pointers' dtypes and 16-byte alignment, and seq_len's integer width.
+
+Eager calls find a cached plan by layout and launch through fast_launch where it works, else
+through `rotary_kernel[grid]`. Calls traced by torch.compile launch through
+torch.library.wrap_triton, so that inductor launches the kernel from its generated code.
+"""
+
+import functools
+import re
+
+import torch
+import triton
+
+from . import fast_launch, tuning
+from .kernel import rotary_kernel
+
+# Where a tile's pair axis (of size 2, after the contiguous channels) must go for Triton to keep
+# it in each thread's registers: up to 3.6 Triton keeps the last of two tied axes there, from 3.7
+# the first. Elsewhere every loaded tile is regrouped through shared memory.
+REGS_FIRST = tuple(int(n) for n in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 7)
+
+TENSORS = ("in_q", "in_k", "out_q", "out_k", "q", "k", "table", "sin", "grad_table", "grad_sin")
+_JIT = isinstance(rotary_kernel, triton.runtime.JITFunction)  # False under the interpreter
+
+
+def launch_fwd(*, q, k, q_out, k_out, cos=None, sin=None, angles=None, interleaved=False, config=None):
+    """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles`.
+
+    q [S, HQ, D], k [S, HK, D]; tables [S, R], R even, R <= D (channels R.. pass through);
+    any strides; float32/bfloat16/float16, math in float32, each output in its own dtype.
+    interleaved: pairs (2j, 2j + 1), else (j, j + R/2). config: {BLOCK_S, BLOCK_D, BLOCK_R,
+    num_warps}, or None for tuning.get_config's. Runs on the tensors' device.
+    """
+    table = angles if angles is not None else cos
+    _launch((q, k, q_out, k_out, None, None, table, sin, None, None), False, interleaved, config)
+
+
+def launch_bwd(
+    *,
+    grad_q_embed,
+    grad_k_embed,
+    grad_q=None,
+    grad_k=None,
+    q=None,
+    k=None,
+    cos=None,
+    sin=None,
+    angles=None,
+    grad_cos=None,
+    grad_sin=None,
+    grad_angles=None,
+    interleaved=False,
+    config=None,
+):
+    """The backward of launch_fwd: grad_q, grad_k (the adjoint rotation of the upstream gradients)
+    where given; with q and k given, the table gradient, into grad_angles or grad_cos and
+    grad_sin. What is not given is neither read nor written."""
+    table = angles if angles is not None else cos
+    grad_table = grad_angles if angles is not None else grad_cos
+    tensors = (grad_q_embed, grad_k_embed, grad_q, grad_k, q, k, table, sin, grad_table, grad_sin)
+    _launch(tensors, True, interleaved, config)
+
+
+def _launch(tensors, adjoint, interleaved, config):
+    x_q, x_k = tensors[0], tensors[1]
+    S = x_q.shape[0]
+    if S == 0:
+        return
+    device = x_q.device
+    if device.type == "cuda" and type(x_q) is torch.Tensor and _several_gpus() and device != _current(device):
+        with torch.cuda.device(device):  # Triton launches on the current device
+            return _launch(tensors, adjoint, interleaved, config)
+    if config is None:
+        mode = "fwd" if not adjoint else ("bwd" if tensors[8] is not None else "bwd_qk")
+        layout = "sdpa" if adjoint and _heads_outside(x_q) else ""
+        rot = tensors[6].shape[1]
+        config = tuning.get_config(
+            mode, _size_hint(S), x_q.shape[1], x_k.shape[1], rot, x_q.element_size(), device, layout
+        )
+    if type(x_q) is not torch.Tensor:
+        _launch_traced(tensors, adjoint, interleaved, config)
+        return
+    ptrs, layout = _key(tensors, S)
+    plan = _plan(x_q.shape[1], x_k.shape[1], x_q.shape[2], tensors[6].shape[1], adjoint, interleaved, layout,
+                 tuple(config.items()), device.index)  # fmt: skip
+    grid = (-(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
+    if plan.fast is None and fast_launch.ENABLED and _JIT:
+        fast_launch.start_up()
+        compiled = rotary_kernel.warmup(*_pointer_args(tensors), S, grid=grid, **plan.consts)
+        plan.fast = fast_launch.launcher(compiled, plan.const_args, device.index) or False
+    if plan.fast:
+        # Addresses as ints: for tensors the launcher would ask the driver about each pointer.
+        try:
+            plan.fast(grid, (*ptrs, S))
+            plan.proven = True
+            return
+        except (AttributeError, TypeError) as e:  # a launcher that takes other arguments raises
+            if plan.proven:  # before it launches
+                raise
+            fast_launch.warn(e)
+            plan.fast = False
+    rotary_kernel[grid](*_pointer_args(tensors), S, **plan.consts)
+
+
+def _current(device):
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@functools.cache
+def _several_gpus() -> bool:
+    return torch.cuda.device_count() > 1
+
+
+def _size_hint(n) -> int:
+    """An int for a size that may be symbolic, without adding a guard: what S is expected to be
+    when choosing a configuration (every configuration is correct for every S)."""
+    if isinstance(n, int):
+        return n
+    hint = n.node.hint
+    return hint if isinstance(hint, int) else 4096
+
+
+def _heads_outside(x) -> bool:
+    """Whether x [S, H, D] has its heads laid out outside its tokens, as sdpa's gradient: the
+    backward has configurations of its own there. Read from size hints: no guard."""
+    S, H, st_s, st_h = (_size_hint(n) for n in (*x.shape[:2], *x.stride()[:2]))
+    return S > 1 and H > 1 and st_h >= S * st_s > 0
+
+
+def encode_strides(strides, S):
+    """Strides as constexprs that do not change with S: a stride that is a multiple of S token
+    strides (a dimension laid out outside the tokens) becomes -(stride // S). The token stride
+    itself never depends on S."""
+    unit = S * abs(strides[0])
+    if unit == 0 or max(strides) < unit:  # nothing outside the tokens
+        return tuple(strides)
+    return tuple([strides[0]] + [-(st // S) if st and st % unit == 0 else st for st in strides[1:]])
+
+
+def _encode_traced(strides, S):
+    """encode_strides for torch.compile's traced tensors, where S and the strides that grow with
+    it may be symbolic: such a stride is a*S, whose coefficient sympy reads off. None for a
+    symbolic stride of another form."""
+    if isinstance(S, int) and all(isinstance(st, int) for st in strides):
+        return encode_strides(strides, S)
+    import sympy
+
+    if not isinstance(strides[0], int):
+        return None
+    out = [strides[0]]
+    for st in strides[1:]:
+        if isinstance(st, int):
+            out.append(st)
+            continue
+        ratio = sympy.simplify(st.node.expr / S.node.expr)
+        if not (ratio.is_Integer and ratio > 0):
+            return None
+        out.append(-int(ratio))
+    return tuple(out)
+
+
+def _key(tensors, S):
+    """The tensors' addresses (0 for None) and layout: per tensor None or (encoded strides, dtype,
+    16-byte alignment). One pass; encode_strides only for strides that reach past the tokens."""
+    ptrs, layout = [], []
+    for t in tensors:
+        if t is None:
+            ptrs.append(0)
+            layout.append(None)
+        else:
+            p, st = t.data_ptr(), t.stride()
+            ptrs.append(p)
+            layout.append((st if max(st) < S * st[0] else encode_strides(st, S), t.dtype, p % 16 == 0))
+    return ptrs, tuple(layout)
+
+
+def _pointer_args(tensors):
+    """The ten tensors, each unused one replaced by a used tensor of its kind (an output for
+    outputs, an input for inputs): every argument is valid, and inductor, which reads what the
+    kernel stores to, sees no input written. The constexpr flags compile their accesses away."""
+    x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1 = tensors
+    y_any = next(t for t in (y_q, y_k, g0) if t is not None)
+    return (
+        x_q,
+        x_k,
+        y_q if y_q is not None else y_any,
+        y_k if y_k is not None else y_any,
+        p_q if p_q is not None else x_q,
+        p_k if p_k is not None else x_k,
+        t0,
+        t1 if t1 is not None else t0,
+        g0 if g0 is not None else y_any,
+        g1 if g1 is not None else y_any,
+    )
+
+
+def _constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config):
+    """The kernel's constexprs. layout: per tensor None (unused) or (encoded strides, dtype, ...)."""
+    cfg = dict(config)
+    ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)
+    strides = {}
+    for name, lay, n in zip(TENSORS, layout, ndims):
+        roles = ("seq", "head", "dim") if n == 3 else ("seq", "dim")
+        for role, st in zip(roles, lay[0] if lay else (0,) * n):
+            strides[f"stride_{name}_{role}"] = st
+    out_q, out_k, grad_table, sin = layout[2], layout[3], layout[8], layout[7]
+    out_dtype = (out_q or out_k or grad_table)[1]
+    # Whole rows per store instruction where half rows share 32-byte sectors and no table
+    # gradient is computed (with one, per-half stores are faster).
+    row_store = grad_table is None and not interleaved and (R // 2 * out_dtype.itemsize) % 32 != 0
+    tail = D - R
+    return dict(
+        HQ=HQ,
+        HK=HK,
+        HALF=R // 2,
+        TAIL=tail,
+        BLOCK_TAIL=triton.next_power_of_2(tail) if tail else 0,
+        **strides,
+        BLOCK_S=cfg["BLOCK_S"],
+        BLOCK_D=cfg["BLOCK_D"],
+        BLOCK_R=cfg["BLOCK_R"],
+        ADJOINT=adjoint,
+        ANGLES=sin is None,
+        INTERLEAVED=interleaved,
+        WRITE_Q=out_q is not None,
+        WRITE_K=out_k is not None,
+        GRAD_TABLE=grad_table is not None,
+        ROW_STORE=row_store,
+        REGS_FIRST=REGS_FIRST,
+        num_warps=cfg["num_warps"],
+    )
+
+
+class _Plan:
+    """One layout's launch: the constexprs (also in the kernel's parameter order, as Triton's
+    launcher takes them) and, once compiled, the fast launcher (False where there is none)."""
+
+    def __init__(self, consts):
+        self.consts = consts
+        self.const_args = tuple(consts[n] for n in rotary_kernel.arg_names if n in consts)
+        self.block_s = consts["BLOCK_S"]
+        self.n_blocks = triton.cdiv(consts["HALF"], consts["BLOCK_D"])
+        self.fast = None
+        self.proven = False  # launched once: until then a failing fast launch falls back
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(HQ, HK, D, R, adjoint, interleaved, layout, config, device):
+    """The _Plan of a layout; its key holds nothing that changes with S (`device` keys the
+    compiled kernel)."""
+    return _Plan(_constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config))
+
+
+def _launch_traced(tensors, adjoint, interleaved, config):
+    """The launch under torch.compile (fake or functional tensors): through wrap_triton, so that
+    inductor launches the kernel from its generated code. S may be symbolic; head counts and
+    head_dim are constexprs, so symbolic ones are specialized (a guard on their values). An input
+    with a symbolic stride that is not a multiple of S is made contiguous first."""
+    from torch.library import wrap_triton
+
+    x_q = tensors[0]
+    S = x_q.shape[0]
+    tensors = tuple(
+        t if t is None or i in (2, 3, 8, 9) or _encode_traced(t.stride(), S) is not None else t.contiguous()
+        for i, t in enumerate(tensors)
+    )
+    layout = tuple(None if t is None else (_encode_traced(t.stride(), S), t.dtype) for t in tensors)
+    HQ, D = (int(n) for n in tensors[0].shape[1:])
+    HK, R = int(tensors[1].shape[1]), int(tensors[6].shape[1])
+    consts = _constexprs(HQ, HK, D, R, adjoint, interleaved, layout, tuple(config.items()))
+    grid = (triton.cdiv(S, consts["BLOCK_S"]), triton.cdiv(consts["HALF"], consts["BLOCK_D"]))
+    wrap_triton(rotary_kernel)[grid](*_pointer_args(tensors), S, **consts)
