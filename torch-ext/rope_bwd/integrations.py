@@ -362,7 +362,7 @@ class _TransformersRotary(nn.Module):
 
 # One class per variant: kernels keys layers by the class attribute kernel_layer_name.
 _ROTARY_CLASSES = {
-    v: type(f"_TransformersRotary{name.removeprefix(LAYER_NAME)}", (_TransformersRotary,), {"__module__": __name__})
+    v: type(f"_Transformers{name}", (_TransformersRotary,), {"__module__": __name__})
     for v, name in VARIANT_LAYERS.items()
 }
 

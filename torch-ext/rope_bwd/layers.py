@@ -17,14 +17,15 @@ def _rotary(q, k, cos, sin, interleaved: bool, promotes: bool):
     if sin.dtype != cos.dtype:
         table = torch.promote_types(cos.dtype, sin.dtype)
         cos, sin = cos.to(table), sin.to(table)
-    kwargs = {"interleaved": True} if interleaved else {}
     if q.dim() == 4:
         batch = q.shape[0]
         if batch != 1:
             cos, sin = cos.repeat(batch, 1), sin.repeat(batch, 1)
-        q_embed, k_embed = apply_rotary_pos_emb_vision(q.flatten(0, 1), k.flatten(0, 1), cos, sin, **kwargs)
+        q_embed, k_embed = apply_rotary_pos_emb_vision(
+            q.flatten(0, 1), k.flatten(0, 1), cos, sin, interleaved=interleaved
+        )
         return q_embed.unflatten(0, (batch, -1)), k_embed.unflatten(0, (batch, -1))
-    return apply_rotary_pos_emb_vision(q, k, cos, sin, **kwargs)
+    return apply_rotary_pos_emb_vision(q, k, cos, sin, interleaved=interleaved)
 
 
 class ApplyRotaryPosEmbVision(nn.Module):
