@@ -425,3 +425,33 @@ def test_a_model_of_several_families(kernel, integrations, device):
         name = integrations.classify(integrations._PATCHED[f].original).layer_name
         assert modeling(f).apply_rotary_pos_emb_vision.forward.__func__ is getattr(kernel.layers, name).forward
     assert_close(step(model), ref, ENCODER_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_variants(kernel, integrations, device, gen):
+    """Every variant's layer compiles whole (fullgraph: no graph break), forward and backward,
+    and matches the family's own function: Inkling2's pairs, MiniMax-M3's promoted dtypes
+    (bf16 q and k, float32 cos and sin) in the call shape of the installed release."""
+    families = [f for f in ("inkling2", "minimax_m3_vl", "qwen2_vl") if f in FAMILIES]
+    integrations.make_kernelizable(families=families)
+    torch._dynamo.reset()
+    for family in families:
+        M = modeling(family)
+        own, layer = integrations._PATCHED[family].original, M.apply_rotary_pos_emb_vision
+        kernelized(integrations, layer, device, Mode.TRAINING | Mode.TORCH_COMPILE)
+        compiled = torch.compile(layer, fullgraph=True)
+        D = 16
+        lead = (S,) if _accepts(own, (S,), D, D) else (1, S)
+        R = D - 4 if _accepts(own, lead, D, D - 4) else D
+        q, k = (torch.randn(*lead, HEADS, D, generator=gen).to(device, BF16).requires_grad_() for _ in range(2))
+        cos, sin = (torch.randn(S, R, generator=gen).to(device).requires_grad_() for _ in range(2))
+        outs = compiled(q, k, cos, sin)
+        with torch.no_grad():
+            assert [o.dtype for o in outs] == [o.dtype for o in own(q, k, cos, sin)], family
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, cos, sin)]
+        refs = own(*leaves)
+        cot = [torch.randn(o.shape, generator=gen).to(device, o.dtype) for o in outs]
+        grads = torch.autograd.grad(outs, (q, k, cos, sin), cot)
+        ref_grads = torch.autograd.grad(refs, leaves, [c.double() for c in cot])
+        for got, ref in (*zip(outs, refs), *zip(grads, ref_grads)):
+            assert rel_err(got, ref) <= TOL[got.dtype], f"{family}: rel err {rel_err(got, ref):.2e}"
