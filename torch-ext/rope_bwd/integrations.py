@@ -66,6 +66,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from . import rotary_torch
+
 LAYER_NAME = "ApplyRotaryPosEmbVision"  # the variant of most families (halves, dtypes kept)
 REPO_ID = "rope-bwd/rope-bwd"
 _FUNC_NAME = "apply_rotary_pos_emb_vision"
@@ -187,22 +189,9 @@ def families_in(*models) -> list:
 
 
 def _reference(q, k, cos, sin, interleaved: bool):
-    """A variant's math in the inputs' dtype: cos/sin [S, R] broadcast over heads (and a
-    leading batch); the first R channels of q and k rotated, the rest passed through."""
-    rot = cos.shape[-1]
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
-
-    def rotary(x):
-        x_rot, x_pass = x[..., :rot], x[..., rot:]
-        if interleaved:
-            x1, x2 = x_rot.unflatten(-1, (-1, 2)).unbind(-1)
-            turned = torch.stack((-x2, x1), dim=-1).flatten(-2)
-        else:
-            x1, x2 = x_rot.chunk(2, dim=-1)
-            turned = torch.cat((-x2, x1), dim=-1)
-        return torch.cat((x_rot * c + turned * s, x_pass), dim=-1)
-
-    return rotary(q), rotary(k)
+    """A variant's math (rotary_torch, the package's specification; cos/sin [S, R] broadcast
+    over heads and a leading batch), in float64 for float64 inputs."""
+    return rotary_torch.forward(q, k, cos, sin, interleaved)
 
 
 # The probes: S tokens, HQ/HK heads of D channels; R rotated in the partial case, R/2 odd
