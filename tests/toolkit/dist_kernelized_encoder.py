@@ -54,9 +54,9 @@ def counting(kernel):
     def backward_reached(grad):
         counts["bwd"] += 1
 
-    def counted(q, k, cos, sin):
+    def counted(q, k, cos, sin, **options):
         counts["fwd"] += 1
-        q_embed, k_embed = rotary(q, k, cos, sin)
+        q_embed, k_embed = rotary(q, k, cos, sin, **options)
         if q_embed.requires_grad:
             q_embed.register_hook(backward_reached)
         return q_embed, k_embed
