@@ -59,7 +59,7 @@ def run_meta(device, *, kernel=None, timer=None, **fields) -> dict:
 
 def recorded_versions(meta) -> dict:
     """The versions in a saved run's meta: e2e.json files written before run_meta hold them
-    flat (RESULTS.md renders those files again with `e2e --from-json`)."""
+    flat (benchmarks/RESULTS.md renders those files again with `e2e --from-json`)."""
     return meta.get("versions", meta)
 
 

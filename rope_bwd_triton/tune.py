@@ -22,7 +22,7 @@ rewritten after each bucket, so an interrupted run keeps what it finished.
 
 On a GPU, worker processes (--jobs) first compile every candidate of the grid into
 Triton's on-disk cache (for at most half the budget), so that the search itself only
-loads them: compiled one at a time, the compiles took most of a search (NOTES.md).
+loads them: compiled one at a time, the compiles took most of a search.
 """
 
 import json
@@ -41,7 +41,7 @@ BLOCK_S = (1, 2, 4, 8)
 NUM_WARPS = (1, 2, 4, 8)
 MAX_TILE = 8192  # elements of a BLOCK_S x BLOCK_R x BLOCK_D tile; more only spills registers
 # Channels of one half tile (BLOCK_S x BLOCK_R/2 x BLOCK_D) per thread: past 32 the tile spills,
-# and Triton 3.6 compiled some such tiles very slowly (NOTES.md).
+# and Triton 3.6 compiled some such tiles very slowly.
 MAX_PER_THREAD = 32
 SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")  # what a tuned entry holds
 VERIFY_ROWS = 256
