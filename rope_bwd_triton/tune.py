@@ -95,7 +95,7 @@ def _version(key: str) -> tuple:
     return tuple(int(n) for n in key.split("."))
 
 
-def merge_write(path: Path, tuned: dict, version: str) -> dict:
+def merge_write(path: Path, tuned: dict, version: str):
     """Write tuned buckets into the table of Triton `version` in the JSON file at path, keeping
     the buckets that table has; an absent table starts as a copy of the newest older one."""
     tables = json.loads(path.read_text()) if path.exists() else {}
@@ -106,7 +106,6 @@ def merge_write(path: Path, tuned: dict, version: str) -> dict:
     tables = {v: dict(sorted(tables[v].items())) for v in sorted(tables, key=_version)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(tables, indent=1) + "\n")
-    return tables
 
 
 class Bucket:
