@@ -107,6 +107,8 @@ def resolve(args):
     missing = [str(p) for p in args.ab or () if not (p / "build").is_dir()]
     if missing:
         raise cli.UsageError(f"--ab: no build/ in {', '.join(missing)} (run `python -m rope_bwd_triton build` there)")
+    if args.preset == "copybound" and args.quick:  # Triton's interpreter, on CPU tensors
+        args.device = args.device or "cpu"
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.preset == "copybound":
         if args.quick and os.environ.get("TRITON_INTERPRET") != "1":
