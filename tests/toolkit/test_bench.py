@@ -87,7 +87,8 @@ def test_demo_loads_through_get_kernel_and_verifies_every_row(tmp_path):
     files = _files(tmp_path, "demo")
     out = _bench("--preset", "suite", "--tasks", "bwd", "--peers", "", "--seq-lens", "3", "17", "--calls", "2",
                  *_flags(files))  # fmt: skip
-    assert "through kernels.get_kernel" in out and "CPU (the package's PyTorch path runs;" in out
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (the package's PyTorch path runs;"
+    assert "through kernels.get_kernel" in out and f"device: {where}" in out
     assert out.splitlines()[-2].endswith("all pass")
     run = json.loads(files["json"].read_text())
     assert [(w["S"], w["H"], w["D"]) for w in run["workloads"]] == [(3, 16, 128), (17, 16, 128)]
