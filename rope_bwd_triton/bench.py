@@ -32,7 +32,7 @@ PRESETS = {
                   peers=list(measure.PEERS), copy_mib=1024, verify_tokens=4096),
     "realcall": dict(seq_lens=list(realcall.SEQ_LENS), heads=16, head_dims=list(realcall.HEAD_DIMS), calls=40,
                      timer="span", dtypes=["bfloat16"], layouts=list(realcall.LAYOUTS), peers=list(realcall.PEERS),
-                     verify_tokens=2048),
+                     variants=["halves"], verify_tokens=2048),
 }  # fmt: skip
 PRESETS["copybound"] = dict(PRESETS["suite"], set="suite", peers=["copy"], calls=20)
 QUICK = dict(seq_lens=[8, 33], heads=2, head_dims=[16], calls=3, copy_mib=16)
@@ -40,7 +40,7 @@ QUICK_COPYBOUND = dict(QUICK, seq_lens=[8], calls=2, copy_mib=1)  # Triton's int
 CPU_COPY_MIB = 16  # the copy bandwidth means nothing on the CPU: a small buffer will do
 SUITE_ENGINE = ("suite", "copybound")
 ONLY = {"set": SUITE_ENGINE, "tasks": SUITE_ENGINE, "copy_mib": SUITE_ENGINE, "dtypes": ("realcall",),
-        "layouts": ("realcall",)}  # fmt: skip
+        "layouts": ("realcall",), "variants": ("realcall",)}  # fmt: skip
 
 
 def add_arguments(parser):
@@ -61,6 +61,12 @@ def add_arguments(parser):
         nargs="+",
         choices=realcall.LAYOUTS,
         help="realcall: the upstream gradient, sdpa's [1, H, S, D] transposed or flash-attention's [S, H, D]",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=realcall.VARIANTS,
+        help="realcall: the rotary forms families use (default halves; the peers serve halves alone)",
     )
     parser.add_argument("--tasks", type=cli.subset_of(measure.TASKS, "tasks"), help=f"of {','.join(measure.TASKS)}")
     peers = tuple(dict.fromkeys(measure.PEERS + realcall.PEERS))

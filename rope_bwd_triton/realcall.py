@@ -2,7 +2,9 @@
 training step makes, timed.
 
 The call: q and k are views of one packed qkv [S, 3, H, D] (bf16 or fp16), cos and sin
-[S, D] fp32 come from a buffer (no gradient); the forward runs, then the backward of q
+[S, D] fp32 come from a buffer (no gradient); --variants adds the other forms families use:
+interleaved pairs (inkling2), partial rotary (2 channels of each head passed through, as
+minimax_m3_vl), and bf16 tables (what `model.to(torch.bfloat16)` makes); the forward runs, then the backward of q
 and k from the upstream gradient as the attention returns it: sdpa's [1, H, S, D] seen as
 [S, H, D] (head stride S*D), or flash-attention's contiguous [S, H, D]. One timed call is
 the forward and the backward (torch.autograd.grad of q and k), GPU time on a cold L2 as
@@ -25,29 +27,40 @@ LAYOUTS = ("sdpa", "flash")
 SEQ_LENS = (256, 1024, 4096, 16384, 65536)
 HEAD_DIMS = (72, 80, 128)
 PEERS = ("copy", "compile", "liger", "transformers")
+VARIANTS = ("halves", "interleaved", "partial", "bf16-tables")
 
 
-def make_inputs(S, H, D, dtype, layout, device, generator):
-    """q, k (leaf views of one qkv [S, 3, H, D]), cos, sin [S, D] fp32, and the upstream
-    gradients gq, gk [S, H, D] in `layout`."""
+def make_inputs(S, H, D, dtype, layout, device, generator, variant="halves"):
+    """q, k (leaf views of one qkv [S, 3, H, D]), cos, sin [S, R] (fp32, or bf16 for the
+    bf16-tables variant), and the upstream gradients gq, gk [S, H, D] in `layout`."""
     import torch
 
     def rnd(*shape, dt=dtype):
         return torch.randn(*shape, generator=generator).to(device=device, dtype=dt)
 
     q, k, _ = rnd(S, 3, H, D).unbind(1)
-    emb = rnd(S, D // 2, dt=torch.float32).repeat(1, 2)  # cat(freqs, freqs), as the models build it
+    freqs = rnd(S, rotated(D, variant) // 2, dt=torch.float32)
+    # as the models build their tables: cat(freqs, freqs), or each angle twice for pairs
+    emb = freqs.repeat_interleave(2, dim=1) if variant == "interleaved" else freqs.repeat(1, 2)
+    table_dtype = torch.bfloat16 if variant == "bf16-tables" else torch.float32
     if layout == "sdpa":
         gq, gk = (rnd(1, H, S, D).transpose(1, 2)[0] for _ in range(2))
     else:
         gq, gk = rnd(S, H, D), rnd(S, H, D)
-    return {"q": q.requires_grad_(), "k": k.requires_grad_(), "cos": emb.cos(), "sin": emb.sin(), "gq": gq, "gk": gk}
+    cos, sin = emb.cos().to(table_dtype), emb.sin().to(table_dtype)
+    return {"q": q.requires_grad_(), "k": k.requires_grad_(), "cos": cos, "sin": sin, "gq": gq, "gk": gk}
 
 
-def floor_bytes(S, H, D, elem):
+def rotated(D, variant):
+    """The rotated channels: all but 2 of each head for partial rotary (minimax_m3_vl: 78 of 80)."""
+    return D - 2 if variant == "partial" else D
+
+
+def floor_bytes(S, H, D, elem, variant="halves"):
     """Bytes the call must move: forward reads q, k, cos, sin and writes q_embed, k_embed;
-    backward reads gq, gk, cos, sin and writes dq, dk (the tables are fp32)."""
-    heads, tables = 2 * S * H * D * elem, 2 * S * D * 4
+    backward reads gq, gk, cos, sin and writes dq, dk."""
+    table_elem = 2 if variant == "bf16-tables" else 4
+    heads, tables = 2 * S * H * D * elem, 2 * S * rotated(D, variant) * table_elem
     return {"fwd": 2 * heads + tables, "bwd": 2 * heads + tables}
 
 
@@ -93,12 +106,20 @@ def transformers_fn():
     return modeling_module().apply_rotary_pos_emb_vision
 
 
-def implementations(kernel, others, peers):
+def implementations(kernel, others, peers, variant="halves"):
     """name -> (label, fn(q, k, cos, sin) -> (q_embed, k_embed)) of the implementations to time;
-    `others`: other builds of ours (A/B), named ab, ab2, ..."""
-    impls = {"ours": ("ours", kernel.apply_rotary_pos_emb_vision)}
+    `others`: other builds of ours (A/B), named ab, ab2, ... The peers serve the halves alone."""
+    import functools
+
+    def ours(k):
+        fn = k.apply_rotary_pos_emb_vision
+        return functools.partial(fn, interleaved=True) if variant == "interleaved" else fn
+
+    impls = {"ours": ("ours", ours(kernel))}
     for i, other in enumerate(others):
-        impls[ab_name(i)] = (f"A/B: {other.__name__}", other.apply_rotary_pos_emb_vision)
+        impls[ab_name(i)] = (f"A/B: {other.__name__}", ours(other))
+    if variant not in ("halves", "bf16-tables"):
+        return impls
     if "compile" in peers:
         from .peers import compiled
 
@@ -115,14 +136,14 @@ def implementations(kernel, others, peers):
     return impls
 
 
-def reference(x, rows):
+def reference(x, rows, interleaved=False):
     """(q_embed, k_embed, dq, dk) on token rows by float64 autograd of the math."""
     import torch
 
     pick = rows.to(x["q"].device)
     leaves = [x[n].detach()[pick].cpu().double().requires_grad_() for n in ("q", "k")]
     tables = [x[n][pick].cpu().double() for n in ("cos", "sin")]
-    outs = suite.reference_vision_forward(*leaves, *tables)
+    outs = suite.reference_vision_forward(*leaves, *tables, interleaved)
     return (*outs, *torch.autograd.grad(outs, leaves, [x[n][pick].cpu().double() for n in ("gq", "gk")]))
 
 
@@ -137,22 +158,29 @@ def measure(args, kernel, others=()) -> dict:
 
     device = torch.device(args.device)
     timer = ColdL2Timer(device, calls=args.calls, primary=args.timer)
-    impls = implementations(kernel, others, set(args.peers))
+    variants = args.variants or ["halves"]
+    impls = {v: implementations(kernel, others, set(args.peers), v) for v in variants}
     workloads = [
-        (dt, D, lay, S) for dt in args.dtypes for D in args.head_dims for lay in args.layouts for S in args.seq_lens
+        (v, dt, D, lay, S)
+        for v in variants
+        for dt in args.dtypes
+        for D in args.head_dims
+        for lay in args.layouts
+        for S in args.seq_lens
     ]
     meta = run_meta(device, kernel=kernel, timer=timer, heads=args.heads, ab=[str(p) for p in args.ab or ()])
     rows_out = []
-    n_runs = len(workloads) * (len(impls) + ("copy" in args.peers))
+    n_runs = sum(len(impls[w[0]]) + ("copy" in args.peers) for w in workloads)
     with tqdm(total=n_runs, desc="realcall", unit="run", file=sys.stderr) as bar:
-        for dtype_name, D, layout, S in workloads:
+        for variant, dtype_name, D, layout, S in workloads:
             dtype = getattr(torch, dtype_name)
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + S * 1009 + D)
-            x = make_inputs(S, args.heads, D, dtype, layout, device, gen)
+            x = make_inputs(S, args.heads, D, dtype, layout, device, gen, variant)
             rows = suite.verify_rows(S, args.verify_tokens, args.seed + S)
-            refs = reference(x, rows)
-            nbytes = floor_bytes(S, args.heads, D, dtype.itemsize)
+            refs = reference(x, rows, variant == "interleaved")
+            nbytes = floor_bytes(S, args.heads, D, dtype.itemsize, variant)
             entry = {
+                "variant": variant,
                 "dtype": dtype_name,
                 "D": D,
                 "layout": layout,
@@ -161,27 +189,27 @@ def measure(args, kernel, others=()) -> dict:
                 "bytes": sum(nbytes.values()),
                 "results": {},
             }
-            calls = {name: FwdBwd(fn, x) for name, (_, fn) in impls.items()}
+            calls = {name: FwdBwd(fn, x) for name, (_, fn) in impls[variant].items()}
             if "copy" in args.peers:
                 calls["copy"] = Copies(nbytes, device)
             for name, call in calls.items():
-                bar.set_postfix_str(f"{dtype_name} D={D} {layout} S={S} {name}")
+                bar.set_postfix_str(f"{variant} {dtype_name} D={D} {layout} S={S} {name}")
                 try:
                     call()
                     check = {"ok": call.ok()} if name == "copy" else suite.judge(call.last, refs, dtype_name, rows)
                     stats = timer(call)
                     entry["results"][name] = {"time": stats.as_dict(), "verify": check}
                     if not check["ok"]:
-                        bar.write(f"  {name} {dtype_name} D={D} {layout} S={S}: verification FAILED {check}")
+                        bar.write(f"  {name} {workload_name(entry)}: verification FAILED {check}")
                 except Exception as exc:  # a failing peer must not cost the whole run
                     entry["results"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-                    bar.write(f"  {name} {dtype_name} D={D} {layout} S={S}: {entry['results'][name]['error']}")
+                    bar.write(f"  {name} {workload_name(entry)}: {entry['results'][name]['error']}")
                 bar.update()
             rows_out.append(entry)
             del x, calls
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    labels = {name: label for name, (label, _) in impls.items()}
+    labels = {name: label for v in variants for name, (label, _) in impls[v].items()}
     labels["copy"] = "copy of the same bytes (2 launches)"
     return {"meta": meta, "labels": labels, "workloads": rows_out}
 
@@ -198,13 +226,13 @@ def render_markdown(runs) -> str:
 def _markdown(run) -> str:
     meta, labels = run["meta"], run["labels"]
     names = [n for n in labels if n != "ours"]
-    header = ["dtype", "D", "grad layout", "S", "ours us"]
+    header = ["variant", "dtype", "D", "grad layout", "S", "ours us"]
     for n in names:
         header += [f"{labels[n]} us", f"ours / {n}"]
     rows = []
     for w in run["workloads"]:
         ours = _us(w, "ours")
-        row = [w["dtype"], w["D"], w["layout"], w["S"], f"{ours:.1f}" if ours else "—"]
+        row = [w.get("variant", "halves"), w["dtype"], w["D"], w["layout"], w["S"], f"{ours:.1f}" if ours else "—"]
         for n in names:
             t = _us(w, n)
             row += [f"{t:.1f}" if t else "—", f"{ours / t:.3f}" if t and ours else "—"]
@@ -237,15 +265,12 @@ def render_plot(runs, path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, run in enumerate(runs):
-        for dtype, D, layout in sorted({(w["dtype"], w["D"], w["layout"]) for w in run["workloads"]}):
-            ws = sorted(
-                (w for w in run["workloads"] if (w["dtype"], w["D"], w["layout"]) == (dtype, D, layout)),
-                key=lambda w: w["S"],
-            )
+        for key in sorted({_curve(w) for w in run["workloads"]}):
+            ws = sorted((w for w in run["workloads"] if _curve(w) == key), key=lambda w: w["S"])
             pts = [(w["S"], _us(w, "ours") / _us(w, "copy")) for w in ws if _us(w, "ours") and _us(w, "copy")]
             if pts:
                 run_label = f"run {i + 1}: " if len(runs) > 1 else ""
-                ax.plot(*zip(*pts), "-o", ms=3, label=f"{run_label}{dtype} D={D} {layout}")
+                ax.plot(*zip(*pts), "-o", ms=3, label=run_label + " ".join(map(str, key)))
     ax.axhline(1.0, color="k", ls="--", lw=1, label="copy of the same bytes")
     ax.set(
         xscale="log",
@@ -259,5 +284,9 @@ def render_plot(runs, path) -> bool:
     return True
 
 
+def _curve(w):
+    return (w.get("variant", "halves"), w["dtype"], f"D={w['D']}", w["layout"])
+
+
 def workload_name(w) -> str:
-    return f"{w['dtype']} D={w['D']} {w['layout']} S={w['S']}"
+    return f"{w.get('variant', 'halves')} {w['dtype']} D={w['D']} {w['layout']} S={w['S']}"

@@ -232,6 +232,30 @@ def test_quick_realcall_verifies_ours_and_an_ab_build(tmp_path):
     assert files["plot"].stat().st_size > 0 and "ours / copy" in md and md in out
 
 
+def test_quick_realcall_variants(tmp_path):
+    """The families' forms: interleaved pairs, partial rotary and bf16 tables, each verified against
+    float64; the peers, which serve the halves alone, sit out the first two."""
+    files = _files(tmp_path, "rv")
+    argv = ["--preset", "realcall", "--quick", "--peers", "copy,transformers", "--layouts", "sdpa"]
+    _bench(*argv, "--variants", *realcall.VARIANTS, *_flags(files))
+    run = json.loads(files["json"].read_text())
+    assert {w["variant"] for w in run["workloads"]} == set(realcall.VARIANTS)
+    for w in run["workloads"]:
+        peers = {"transformers"} if w["variant"] in ("halves", "bf16-tables") else set()
+        assert set(w["results"]) == {"ours", "copy"} | peers
+        assert all(r["verify"]["ok"] for r in w["results"].values())
+
+
+def test_variant_inputs_are_the_tables_families_build():
+    gen = torch.Generator().manual_seed(0)
+    x = realcall.make_inputs(5, 2, 8, torch.bfloat16, "sdpa", "cpu", gen, "interleaved")
+    assert torch.equal(x["cos"][:, 0::2], x["cos"][:, 1::2])  # each angle twice, side by side
+    x = realcall.make_inputs(5, 2, 8, torch.bfloat16, "sdpa", "cpu", gen, "partial")
+    assert x["cos"].shape == (5, 6) and torch.equal(x["cos"][:, :3], x["cos"][:, 3:])
+    x = realcall.make_inputs(5, 2, 8, torch.bfloat16, "sdpa", "cpu", gen, "bf16-tables")
+    assert x["cos"].dtype == x["sin"].dtype == torch.bfloat16
+
+
 def test_sdpa_layout_is_the_transposed_gradient():
     x = realcall.make_inputs(5, 2, 8, torch.bfloat16, "sdpa", "cpu", torch.Generator().manual_seed(0))
     assert x["gq"].shape == (5, 2, 8) and x["gq"].stride() == (8, 40, 1)
