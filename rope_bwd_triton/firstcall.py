@@ -24,11 +24,15 @@ IMPLS = ("ours", "liger", "compile", "transformers")
 SIZES = (1024, 1600, 2304, 3136, 4096, 5184, 784, 6400, 9216, 196, 2500, 3600, 13456)
 
 
-def _load(impl):
+def _load(impl, ab=None):
     if impl == "ours":
         from .load import load_kernel
 
         return load_kernel(build=False).apply_rotary_pos_emb_vision
+    if impl == "ab":  # another build of ours (overhead --ab)
+        from .load import load_other
+
+        return load_other(ab).apply_rotary_pos_emb_vision
     if impl == "liger":
         from liger_kernel.transformers.rope import liger_rotary_pos_emb_vision
 
@@ -61,16 +65,16 @@ def _compile_log():
     return log
 
 
-def child(impl, sizes, heads, head_dim, profile_path=None) -> dict:
+def child(impl, sizes, heads, head_dim, profile_path=None, ab=None) -> dict:
     """Runs in the fresh process: {load_s, calls: [{S, ms, new, compiles}]}."""
     import torch
 
     from .realcall import FwdBwd, make_inputs
 
     t0 = time.perf_counter()
-    fn = _load(impl)
+    fn = _load(impl, ab)
     load_s = time.perf_counter() - t0
-    log = _compile_log() if impl == "ours" else None
+    log = _compile_log() if impl in ("ours", "ab") else None
     gen = torch.Generator().manual_seed(0)
     calls, seen = [], set()
     for i, S in enumerate([*sizes, sizes[-1]]):

@@ -81,7 +81,7 @@ def new_size_us(fn, sizes):
     return out
 
 
-def _rows(rope, modeling, compile_rows):
+def _rows(rope, modeling, compile_rows, other=None):
     from .load import submodule
 
     launch = submodule(rope, "launch")
@@ -132,6 +132,10 @@ def _rows(rope, modeling, compile_rows):
         "same in a Python autograd.Function (its cost over C++ nodes)": fwd_bwd(_Times1.apply),
         "one aten mul (for scale)": lambda: q * 2,
     }
+    if other is not None:  # overhead --ab
+        rows["A/B build forward + backward (eager path), sdpa's gradient layout"] = fwd_bwd(
+            other.apply_rotary_pos_emb_vision, grad_sdpa
+        )
     if compile_rows:
         rows.update(
             {
@@ -144,20 +148,19 @@ def _rows(rope, modeling, compile_rows):
     return rows
 
 
-def child(compile_rows: bool) -> dict:
-    """Runs in the fresh process: {"rows": {name: [median, best]}, "new_size": {impl: [new, seen]}}."""
-    from .load import load_kernel
+def child(compile_rows: bool, ab=None) -> dict:
+    """Runs in the fresh process: {"rows": {name: [median, best]}, "new_size": {impl: [new, seen]}};
+    `ab`: another build of ours to time beside."""
+    from .load import load_kernel, load_other
     from .models import modeling_module
 
     rope, modeling = load_kernel(build=False), modeling_module()
-    rows = per_call_us(_rows(rope, modeling, compile_rows))
-    new = {
-        name: new_size_us(fn, NEW_SIZES)
-        for name, fn in (
-            ("ours", rope.apply_rotary_pos_emb_vision),
-            ("transformers", modeling.apply_rotary_pos_emb_vision),
-        )
-    }
+    other = load_other(ab) if ab else None
+    rows = per_call_us(_rows(rope, modeling, compile_rows, other))
+    impls = [("ours", rope.apply_rotary_pos_emb_vision), ("transformers", modeling.apply_rotary_pos_emb_vision)]
+    if other is not None:
+        impls.append(("ab", other.apply_rotary_pos_emb_vision))
+    new = {name: new_size_us(fn, NEW_SIZES) for name, fn in impls}
     return {"rows": rows, "new_size": new}
 
 
@@ -185,7 +188,12 @@ def markdown(runs, meta) -> str:
                 f"Host us per forward + backward (sdpa's gradient layout) over {len(NEW_SIZES)} sizes never seen "
                 f"(S = {NEW_SIZES.start}..{NEW_SIZES.stop - 1}), and over one size as often:",
                 "",
-                table("implementation", "new_size", ("ours", "transformers"), ("new S us", "seen S us")),
+                table(
+                    "implementation",
+                    "new_size",
+                    list(next(iter(ok.values()))["new_size"]) if ok else [],
+                    ("new S us", "seen S us"),
+                ),  # fmt: skip
                 *(f"fast launch {setting}: {r['error']}" for setting, r in runs.items() if "error" in r),
             ]
         )

@@ -41,6 +41,7 @@ def add_arguments(parser):
         help="host: the package's fast launch on, off or both (ROPE_BWD_FAST_LAUNCH)",
     )
     parser.add_argument("--no-compile", action="store_true", help="host: leave out the torch.compile rows")
+    parser.add_argument("--ab", type=Path, help="also another build of ours (a checkout with build/), in both parts")
     parser.add_argument("--json", type=Path, default=REPO_ROOT / "results" / "overhead.json")
     # The parent's arguments to each fresh child process:
     parser.add_argument("--child", help=argparse.SUPPRESS)  # an implementation (first call) or "host"
@@ -50,15 +51,21 @@ def add_arguments(parser):
 
 def _child(args) -> dict:
     if args.child == "host":
-        return hosttime.child(not args.no_compile)
-    return firstcall.child(args.child, args.sizes, args.heads, args.head_dim, args.profile_to)
+        return hosttime.child(not args.no_compile, args.ab)
+    return firstcall.child(args.child, args.sizes, args.heads, args.head_dim, args.profile_to, args.ab)
+
+
+def _ab(args) -> list:
+    return ["--ab", str(args.ab)] if args.ab else []
 
 
 def _first_calls(args, tmp: Path) -> list:
     argv = ["overhead", "--sizes", *map(str, args.sizes), "--heads", str(args.heads), "--head-dim", str(args.head_dim)]
+    argv += _ab(args)
+    impls = args.impls + (["ab"] if args.ab else [])
     runs = [
         {"round": r, "impl": impl, **run_fresh([*argv, "--child", impl], tmp, f"{impl}-{r}")}
-        for r, impl in firstcall.rounds(args.impls, args.rounds)
+        for r, impl in firstcall.rounds(impls, args.rounds)
     ]
     if args.profile and "ours" in args.impls:
         profile = ["--profile-to", str(args.json.with_suffix(".profile.txt"))]
@@ -83,7 +90,7 @@ def main(args) -> int:
         if "first-call" in args.parts:
             report["first_call"] = _first_calls(args, Path(tmp))
         if "host" in args.parts:
-            argv = ["overhead", "--child", "host"] + (["--no-compile"] if args.no_compile else [])
+            argv = ["overhead", "--child", "host"] + (["--no-compile"] if args.no_compile else []) + _ab(args)
             report["host"] = {
                 setting: run_fresh(argv, Path(tmp), f"host-{setting}", ROPE_BWD_FAST_LAUNCH=FAST_LAUNCH[setting])
                 for setting in args.fast_launch

@@ -110,3 +110,44 @@ def test_each_child_runs_fresh_with_its_own_settings(monkeypatch, tmp_path, caps
     md = out.with_suffix(".md").read_text()
     assert _cells(md, "ours")[:3] == ["ours", "500 (500-500)", "1 (1-1)"] and md in capsys.readouterr().out
     assert _cells(md, "a") == ["a", "1.0", "0.5", "1.0", "0.5"]
+
+
+def test_ab_build_joins_both_parts(monkeypatch, tmp_path):
+    """--ab: the other build runs as one more implementation of the first calls, and every child
+    is told where it is (the host child times it beside ours)."""
+    from rope_bwd_triton import __main__ as toolkit
+    from rope_bwd_triton import load, output, overhead
+
+    started = []
+
+    def child(argv, workdir, name, **env):
+        started.append((argv[argv.index("--child") + 1], argv[argv.index("--ab") + 1]))
+        if "host" in argv:
+            return {"rows": {"a": [1.0, 0.5]}, "new_size": {"ours": [3.0, 2.0], "ab": [4.0, 3.0]}}
+        calls = [{"S": S, "ms": 1.0, "new": S != 64, "compiles": None} for S in (16, 36, 64, 64)]
+        return {"impl": argv[-1], "load_s": 0.5, "calls": calls}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(load, "use_local_build", lambda: None)
+    monkeypatch.setattr(output, "run_meta", lambda device, **fields: {**META, **fields})
+    monkeypatch.setattr(overhead, "run_fresh", child)
+    out = tmp_path / "o.json"
+    argv = [
+        "overhead",
+        "--impls",
+        "ours",
+        "--rounds",
+        "1",
+        "--sizes",
+        "16",
+        "36",
+        "64",
+        "--ab",
+        "/x/base",
+        "--json",
+        str(out),
+    ]
+    assert toolkit.main(argv) == 0
+    assert started == [("ours", "/x/base"), ("ab", "/x/base"), ("host", "/x/base"), ("host", "/x/base")]
+    md = out.with_suffix(".md").read_text()
+    assert _cells(md, "ab")[0] == "ab" and len(_cells(md, "ab")) > 3
