@@ -99,8 +99,13 @@ def _ours_bwd(kernel, x):
 
 
 def _ours_bwd_qk(kernel, x):
-    # The op the autograd backward calls when cos/sin need no gradient; it allocates dq, dk.
-    return Call(lambda gq, gk, cos, sin: kernel.ops.rotary_bwd(gq, gk, None, None, cos, sin, True, True, False)[:2], *x)
+    # The op the autograd backward calls when cos/sin need no gradient; it allocates dq, dk. Builds
+    # from before interleaved pairs (A/B) take no `interleaved` argument.
+    schema = kernel._ops.ops.rotary_bwd.default._schema
+    extra = (False,) if any(a.name == "interleaved" for a in schema.arguments) else ()
+    return Call(
+        lambda gq, gk, cos, sin: kernel.ops.rotary_bwd(gq, gk, None, None, cos, sin, True, True, *extra)[:2], *x
+    )
 
 
 def _ours_fwd(kernel, x):

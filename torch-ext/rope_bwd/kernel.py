@@ -89,6 +89,38 @@ def _load_pairs(
 
 # fmt: off
 @triton.jit
+def _load_chunk(
+    in_q_ptr, in_k_ptr, q_ptr, k_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, stride_in_k_seq,
+    stride_in_k_head, stride_in_k_dim, stride_q_seq, stride_q_head, stride_q_dim, stride_k_seq, stride_k_head,
+    stride_k_dim, s, h, pid_d, seq_len, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
+    REGS_FIRST: tl.constexpr, READ_Q: tl.constexpr, READ_K: tl.constexpr, GRAD_TABLE: tl.constexpr,
+):
+    # fmt: on
+    """The pairs of heads h of both sides: the rotated inputs (xq, xk) and, for the table gradient,
+    q and k (pq, pk); zeros for what is not read, which the compiler drops."""
+    zero = tl.zeros((BLOCK_S, BLOCK_H, BLOCK_D), tl.float32)
+    xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = zero, zero, zero, zero, zero, zero, zero, zero
+    # fmt: off
+    # q's side, then k's, each the rotated input before q or k.
+    if READ_Q:
+        xq1, xq2 = _load_pairs(in_q_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, s, h, pid_d, seq_len,
+                               HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+    if GRAD_TABLE:
+        pq1, pq2 = _load_pairs(q_ptr, stride_q_seq, stride_q_head, stride_q_dim, s, h, pid_d, seq_len,
+                               HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+    if READ_K:
+        xk1, xk2 = _load_pairs(in_k_ptr, stride_in_k_seq, stride_in_k_head, stride_in_k_dim, s, h, pid_d, seq_len,
+                               HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+    if GRAD_TABLE:
+        pk1, pk2 = _load_pairs(k_ptr, stride_k_seq, stride_k_head, stride_k_dim, s, h, pid_d, seq_len,
+                               HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+    # fmt: on
+    return xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2
+
+
+# fmt: off
+@triton.jit
 def _store_pairs(
     ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, y1, y2, H: tl.constexpr, HALF: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
@@ -222,53 +254,54 @@ def rotary_kernel(
     s2 = s[:, None]
     s3 = s[:, None, None]
 
-    # The table's loads are issued before the first chunk's, and used after them: a program
-    # then waits for one DRAM round trip, not two.
     t1 = tl.load(table_ptr + s2 * stride_table_seq + ch1 * stride_table_dim, mask=mask_sj, other=0.0).to(tl.float32)
     t2 = tl.load(table_ptr + s2 * stride_table_seq + ch2 * stride_table_dim, mask=mask_sj, other=0.0).to(tl.float32)
     if not ANGLES:
         n1 = tl.load(sin_ptr + s2 * stride_sin_seq + ch1 * stride_sin_dim, mask=mask_sj, other=0.0).to(tl.float32)
         n2 = tl.load(sin_ptr + s2 * stride_sin_seq + ch2 * stride_sin_dim, mask=mask_sj, other=0.0).to(tl.float32)
 
+    # fmt: off
+    # The first chunk of heads is loaded before the table is used: a program then waits for one
+    # DRAM round trip, not two.
+    h = tl.arange(0, BLOCK_H)[None, :, None]
+    xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = _load_chunk(
+        in_q_ptr, in_k_ptr, q_ptr, k_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, stride_in_k_seq,
+        stride_in_k_head, stride_in_k_dim, stride_q_seq, stride_q_head, stride_q_dim, stride_k_seq, stride_k_head,
+        stride_k_dim, s3, h, pid_d, seq_len, HQ, HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST,
+        READ_Q, READ_K, GRAD_TABLE)
+    # fmt: on
+    if ANGLES:  # once per token row, for all the heads
+        c1 = tl.cos(t1)
+        c2 = tl.cos(t2)
+        n1 = tl.sin(t1)
+        n2 = tl.sin(t2)
+    else:
+        c1 = t1
+        c2 = t2
+    # y1 = x1*c1 + x2*a, y2 = x2*c2 + x1*b: the adjoint swaps which sine goes where.
+    if ADJOINT:
+        a = n2[:, None, :]
+        b = -n1[:, None, :]
+    else:
+        a = -n1[:, None, :]
+        b = n2[:, None, :]
+    c1b = c1[:, None, :]
+    c2b = c2[:, None, :]
+
     gc1 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     gc2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     gs1 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     gs2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
-    zero = tl.zeros((BLOCK_S, BLOCK_H, BLOCK_D), tl.float32)
     for h0 in range(0, HQ if HQ > HK else HK, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
-        # fmt: off
-        # Every load of the chunk, both sides', before any store; what is not read stays zero.
-        xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = zero, zero, zero, zero, zero, zero, zero, zero
-        if READ_Q:
-            xq1, xq2 = _load_pairs(in_q_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, s3, h, pid_d,
-                                   seq_len, HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
-        if READ_K:
-            xk1, xk2 = _load_pairs(in_k_ptr, stride_in_k_seq, stride_in_k_head, stride_in_k_dim, s3, h, pid_d,
-                                   seq_len, HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
-        if GRAD_TABLE:
-            pq1, pq2 = _load_pairs(q_ptr, stride_q_seq, stride_q_head, stride_q_dim, s3, h, pid_d,
-                                   seq_len, HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
-            pk1, pk2 = _load_pairs(k_ptr, stride_k_seq, stride_k_head, stride_k_dim, s3, h, pid_d,
-                                   seq_len, HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
-        # fmt: on
-        if ANGLES:  # once per token row for all the heads of a chunk
-            c1 = tl.cos(t1)
-            c2 = tl.cos(t2)
-            n1 = tl.sin(t1)
-            n2 = tl.sin(t2)
-        else:
-            c1 = t1
-            c2 = t2
-        # y1 = x1*c1 + x2*a, y2 = x2*c2 + x1*b: the adjoint swaps which sine goes where.
-        if ADJOINT:
-            a = n2[:, None, :]
-            b = -n1[:, None, :]
-        else:
-            a = -n1[:, None, :]
-            b = n2[:, None, :]
-        c1b = c1[:, None, :]
-        c2b = c2[:, None, :]
+        if h0 > 0:  # every load of a chunk, both sides', before any of its stores
+            # fmt: off
+            xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = _load_chunk(
+                in_q_ptr, in_k_ptr, q_ptr, k_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim,
+                stride_in_k_seq, stride_in_k_head, stride_in_k_dim, stride_q_seq, stride_q_head, stride_q_dim,
+                stride_k_seq, stride_k_head, stride_k_dim, s3, h, pid_d, seq_len, HQ, HK, HALF, BLOCK_S, BLOCK_H,
+                BLOCK_D, INTERLEAVED, REGS_FIRST, READ_Q, READ_K, GRAD_TABLE)
+            # fmt: on
         if GRAD_TABLE:
             # One reduction per quantity over both sides (masked heads hold zeros).
             gc1 += tl.sum(xq1 * pq1 + xk1 * pk1, axis=1)
@@ -299,8 +332,8 @@ def rotary_kernel(
     if GRAD_TABLE:
         g1 = grad_table_ptr + s2 * stride_grad_table_seq
         if ANGLES:  # d/dangle (cos, sin) = (-sin, cos)
-            gt1 = tl.cos(t1) * gs1 - tl.sin(t1) * gc1
-            gt2 = tl.cos(t2) * gs2 - tl.sin(t2) * gc2
+            gt1 = c1 * gs1 - n1 * gc1
+            gt2 = c2 * gs2 - n2 * gc2
         else:
             gt1 = gc1
             gt2 = gc2
