@@ -2,9 +2,10 @@
 
 It stands on torch alone (hub CI's test environment has torch, kernels and pytest):
 input generation, the math evaluated in float64 (the backward by float64 autograd of
-the eager forward, written as SOL-ExecBench's reference does: cos/sin of
-cat(emb, emb)[:, :D]), error measures and the benchmark's pass rule. The toolkit's
-workload suite (rope_bwd_triton.suite) re-exports it.
+the eager forward, written as SOL-ExecBench's and transformers' references are: cos/sin
+of cat(emb, emb)[:, :D], rotate_half, rotate_pairwise, partial rotary as a slice and a
+cat), error measures and the benchmark's pass rule. The toolkit's workload suite
+(rope_bwd_triton.suite) re-exports it.
 """
 
 import torch
@@ -37,10 +38,24 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def reference_vision_forward(q, k, cos, sin):
-    """transformers' apply_rotary_pos_emb_vision, in the dtype of its inputs: cos/sin [S, D]."""
+def rotate_pairwise(x):
+    """transformers' rotate_pairwise: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+def reference_vision_forward(q, k, cos, sin, interleaved=False):
+    """transformers' apply_rotary_pos_emb_vision, in the dtype of its inputs: cos/sin [S, R]
+    with R <= D; the first R channels of each head rotate (rotate_half, or rotate_pairwise
+    when interleaved), the other D - R pass through (partial rotary)."""
+    rot = cos.shape[-1]
+    turn = rotate_pairwise if interleaved else rotate_half
     c, s = cos[:, None, :], sin[:, None, :]
-    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+    def apply(x):
+        x_rot, x_pass = x[..., :rot], x[..., rot:]
+        return torch.cat((x_rot * c + turn(x_rot) * s, x_pass), dim=-1)
+
+    return apply(q), apply(k)
 
 
 def reference_forward(q, k, embeddings):
@@ -55,6 +70,21 @@ def reference_backward(grad_q_embed, grad_k_embed, q, k, embeddings):
     outs = reference_forward(*leaves)
     grads = [g.detach().cpu().double() for g in (grad_q_embed, grad_k_embed)]
     return torch.autograd.grad(outs, leaves, grads)
+
+
+def reference_rotary(q, k, table, sin=None, *, interleaved=False):
+    """The rotation by a table [S, R]: the angles when sin is None, else cos (any R <= D)."""
+    cos, sin = (table.cos(), table.sin()) if sin is None else (table, sin)
+    return reference_vision_forward(q, k, cos, sin, interleaved)
+
+
+def reference_rotary_grads(gq, gk, q, k, table, sin=None, *, interleaved=False):
+    """float64 on the CPU: (outputs, gradients) of reference_rotary, the gradients those of
+    q, k, the table and (given) sin for the upstream gradients gq, gk."""
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, table, sin) if t is not None]
+    outs = reference_rotary(*leaves[:3], *leaves[3:], interleaved=interleaved)
+    grads = torch.autograd.grad(outs, leaves, [g.detach().cpu().double() for g in (gq, gk)])
+    return [o.detach() for o in outs], list(grads)
 
 
 def rel_err(out, ref) -> float:
