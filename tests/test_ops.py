@@ -213,8 +213,8 @@ def launch_and_check(launch, mode, cfg, shape, dtype, device, gen, offset=0, S=1
     adjoint, table_kind, write_q, write_k, grad_table = MODES[mode]
     D, R, interleaved, _ = SHAPES[shape]
 
-    def rnd(*shape, dt=dtype):
-        return torch.randn(math.prod(shape) + offset, generator=gen)[offset:].view(shape).to(device=device, dtype=dt)
+    def rnd(*shape, dt=dtype):  # the offset taken on the device: a copy there would be aligned again
+        return torch.randn(math.prod(shape) + offset, generator=gen).to(device=device, dtype=dt)[offset:].view(shape)
 
     def poisoned(t):
         return torch.full((t.numel() + offset,), float("nan"), dtype=t.dtype, device=t.device)[offset:].view(t.shape)
