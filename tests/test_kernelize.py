@@ -1,5 +1,7 @@
 """kernels.kernelize with the package's mapping, as a user of the kernels library writes it:
-a module whose layer name is "ApplyRotaryPosEmbVision" gets the package's layer.
+a module under one of the package's layer names (one per variant of transformers' vision
+rotary: rotate_half or interleaved pairs, outputs in the inputs' dtypes or promoted with
+cos/sin) gets the package's layer of that name.
 
 These need no transformers (hub CI's environment has none; tests/toolkit/ kernelizes
 transformers' vision encoders). The mapping comes from the build LOCAL_KERNELS names,
@@ -27,21 +29,45 @@ from .helpers import REPO_ID
 ALL_MODES = {Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING | Mode.TORCH_COMPILE}
 
 
-@use_kernel_forward_from_hub("ApplyRotaryPosEmbVision")
-class Rotary(torch.nn.Module):
-    """A model's own rotary, in float32; kernelize swaps in the package's layer."""
+def _rotary(q, k, cos, sin, interleaved, promotes):
+    """transformers' vision rotary in each variant, in the inputs' dtypes: the first R =
+    cos.shape[-1] channels rotated (rotate_half, or rotate_pairwise's interleaved pairs),
+    the rest passed through; outputs in the inputs' dtypes (promoted with cos/sin) or
+    cast back to them."""
+    R = cos.shape[-1]
+    c, s = cos[:, None, :], sin[:, None, :]
 
-    def forward(self, q, k, cos, sin):
-        return reference.reference_vision_forward(q, k, cos, sin)
+    def rotary(x):
+        x_rot, x_pass = x[..., :R], x[..., R:]
+        if interleaved:
+            pairs = x_rot.unflatten(-1, (-1, 2))
+            turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+        else:
+            turned = reference.rotate_half(x_rot)
+        y = torch.cat((x_rot * c + turned * s, x_pass), dim=-1)
+        return y if promotes else y.to(x.dtype)
+
+    return rotary(q), rotary(k)
 
 
-class Attention(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.rotary = Rotary()
+def _model(layer_name):
+    """A model whose own rotary is the layer `layer_name` stands for."""
+    interleaved, promotes = "Interleaved" in layer_name, "Promoted" in layer_name
 
-    def forward(self, q, k, cos, sin):
-        return self.rotary(q, k, cos, sin)
+    @use_kernel_forward_from_hub(layer_name)
+    class Rotary(torch.nn.Module):
+        def forward(self, q, k, cos, sin):
+            return _rotary(q, k, cos, sin, interleaved, promotes)
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rotary = Rotary()
+
+        def forward(self, q, k, cos, sin):
+            return self.rotary(q, k, cos, sin)
+
+    return Attention()
 
 
 def _local_path() -> Path:
@@ -49,42 +75,65 @@ def _local_path() -> Path:
 
 
 def test_mapping_covers_devices_and_modes(kernel):
-    """Every mode on CUDA and CPU; a repo-id LOCAL_KERNELS does not name resolves by version."""
+    """Every layer name, every mode on CUDA and CPU; a repo-id LOCAL_KERNELS does not name
+    resolves by version."""
+    names = kernel.integrations.LAYER_NAMES
+    assert names[0] == "ApplyRotaryPosEmbVision" and len(set(names)) == 4
+    assert all(isinstance(getattr(kernel.layers, name), type) for name in names)
     for repo_id, version in ((REPO_ID, 1), ("org/name", 3)):
-        ((layer, devices),) = kernel.integrations.kernel_mapping(repo_id, version=version).items()
-        assert layer == "ApplyRotaryPosEmbVision" and set(devices) == {"cuda", "cpu"}
-        repos = [repo for modes in devices.values() for repo in modes.values()]
-        assert all(set(modes) == ALL_MODES for modes in devices.values())
-        assert all(r.layer_name == "ApplyRotaryPosEmbVision" for r in repos)
-        if repo_id == REPO_ID:
-            assert all(isinstance(r, LocalLayerRepository) and r._repo_path == _local_path() for r in repos)
-        else:
-            assert all(isinstance(r, LayerRepository) and (r._repo_id, r._version) == ("org/name", 3) for r in repos)
+        mapping = kernel.integrations.kernel_mapping(repo_id, version=version)
+        assert list(mapping) == list(names)
+        for name, devices in mapping.items():
+            assert set(devices) == {"cuda", "cpu"} and all(set(modes) == ALL_MODES for modes in devices.values())
+            repos = [repo for modes in devices.values() for repo in modes.values()]
+            assert all(r.layer_name == name for r in repos)
+            if repo_id == REPO_ID:
+                assert all(isinstance(r, LocalLayerRepository) and r._repo_path == _local_path() for r in repos)
+            else:
+                assert all(
+                    isinstance(r, LayerRepository) and (r._repo_id, r._version) == ("org/name", 3) for r in repos
+                )
 
 
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("mode", [Mode.INFERENCE, Mode.TRAINING], ids=["inference", "training"])
-def test_kernelize_from_the_local_build(kernel, mode, gen):
-    """The package's layer replaces the rotary's forward, runs the package's op (its autograd
-    node), and matches float64 forward and, in training, backward."""
-    S, H, D = 19, 3, 72
-    model = Attention()
+@pytest.mark.parametrize(
+    "layer_name",
+    [
+        "ApplyRotaryPosEmbVision",
+        "ApplyRotaryPosEmbVisionInterleaved",
+        "ApplyRotaryPosEmbVisionPromoted",
+        "ApplyRotaryPosEmbVisionInterleavedPromoted",
+    ],
+)
+def test_kernelize_from_the_local_build(kernel, layer_name, mode, gen):
+    """The package's layer of each name replaces the rotary's forward, runs the package's op
+    (its autograd node), and matches float64 forward and, in training, backward: full and
+    partial rotary, q [S, H, D] and [B, S, H, D], the outputs' dtypes those of the model's
+    own rotary (bf16 q, float32 k and tables)."""
+    S, H, HK, D = 19, 3, 2, 72
+    interleaved, promotes = "Interleaved" in layer_name, "Promoted" in layer_name
+    model = _model(layer_name)
     with use_kernel_mapping(kernel.integrations.kernel_mapping()):
         model = kernelize(model, mode=mode, device="cpu", use_fallback=False)
-    assert model.rotary.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward
+    assert model.rotary.forward.__func__ is getattr(kernel.layers, layer_name).forward
 
-    q, k = (torch.randn(S, H, D, generator=gen, requires_grad=True) for _ in range(2))
-    e = torch.randn(S, D, generator=gen)
-    cos, sin = e.cos().requires_grad_(), e.sin().requires_grad_()
-    gq, gk = (torch.randn(S, H, D, generator=gen) for _ in range(2))
-    outs = model(q, k, cos, sin)
-    assert "EagerRotary" in type(outs[0].grad_fn).__name__
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, cos, sin)]
-    ref_outs = reference.reference_vision_forward(*leaves)
-    for o, r in zip(outs, ref_outs):
-        assert reference.rel_err(o, r) <= 2e-6
-    if Mode.TRAINING in mode:
-        torch.autograd.backward(outs, (gq, gk))
-        ref_grads = torch.autograd.grad(ref_outs, leaves, (gq.double(), gk.double()))
-        for got, r in zip((q.grad, k.grad, cos.grad, sin.grad), ref_grads):
-            assert reference.rel_err(got, r) <= 2e-6
+    for lead, R in (((S,), D), ((S,), D - 6), ((2, S), D)):
+        q = torch.randn(*lead, H, D, generator=gen).bfloat16().requires_grad_()
+        k = torch.randn(*lead, HK, D, generator=gen, requires_grad=True)
+        e = torch.randn(S, R, generator=gen)
+        cos, sin = e.cos().requires_grad_(), e.sin().requires_grad_()
+        outs = model(q, k, cos, sin)
+        assert "EagerRotary" in type(outs[0].grad_fn).__name__ or lead != (S,)
+        with torch.no_grad():
+            assert [o.dtype for o in outs] == [o.dtype for o in _rotary(q, k, cos, sin, interleaved, promotes)]
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, cos, sin)]
+        ref_outs = _rotary(*leaves, interleaved, True)
+        for o, r in zip(outs, ref_outs):
+            assert reference.rel_err(o, r) <= (4e-3 if o.dtype == torch.bfloat16 else 2e-6), (lead, R)
+        if Mode.TRAINING in mode:
+            cot = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs]
+            grads = torch.autograd.grad(outs, (q, k, cos, sin), cot)
+            ref_grads = torch.autograd.grad(ref_outs, leaves, [c.double() for c in cot])
+            for got, r in zip(grads, ref_grads):
+                assert reference.rel_err(got, r) <= (4e-3 if got.dtype == torch.bfloat16 else 2e-6), (lead, R)

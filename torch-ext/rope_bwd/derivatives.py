@@ -35,6 +35,16 @@ def _table_dir(table, sin, t_table, t_sin, x_q, x_k):
     return -angles.sin() * t, angles.cos() * t
 
 
+def _rotated_only(pair, table):
+    """A term of a table direction: F and B pass the channels past the table's width through
+    (partial rotary), but those do not depend on the table, so their part of the term is zero."""
+    rot = table.shape[-1]
+    return tuple(
+        t if t is None or t.shape[-1] == rot else torch.nn.functional.pad(t[..., :rot], (0, t.shape[-1] - rot))
+        for t in pair
+    )
+
+
 def _curvature(B, gq, gk, q, k, angles, t):
     """t * d/dangles of the angle gradient -sin*gcos + cos*gsin, in the angles' dtype."""
     dt = math_dtype(gq, gk)
@@ -61,7 +71,7 @@ def rotation_jvp(F, q, k, table, sin, tq, tk, t_table, t_sin):
         terms.append(F(*_filled(tq, tk, q, k), table, sin))
     d = _table_dir(table, sin, t_table, t_sin, q, k)
     if d is not None:
-        terms.append(F(q, k, *d))
+        terms.append(_rotated_only(F(q, k, *d), d[0]))
     return _sums(terms, (q, k))
 
 
@@ -84,7 +94,7 @@ def adjoint_jvp(B, saved, need_q, need_k, tangents):
     d = _table_dir(table, sin, t_table, t_sin, gq, gk)
     if d is not None:
         if need_q or need_k:
-            terms.append((*B(gq, gk, None, None, *d, need_q, need_k)[:2], None, None))
+            terms.append((*_rotated_only(B(gq, gk, None, None, *d, need_q, need_k)[:2], d[0]), None, None))
         if q is not None and sin is None:
             terms.append((None, None, _curvature(B, gq, gk, q, k, table, t_table), None))
     return _sums(terms, _asked(saved, need_q, need_k))
@@ -104,10 +114,10 @@ def adjoint_vjp(F, B, saved, need_q, need_k, needs, cotangents):
         if v_heads:  # dq = R^T g: its gradient in g is the rotation of dq's cotangent
             terms.append(F(*_filled(vq, vk, gq, gk), table, sin))
         if d is not None:  # gcos = sum g*q, gsin = sum g*rotate_half(q)
-            terms.append(F(q, k, *d))
+            terms.append(_rotated_only(F(q, k, *d), d[0]))
         grads[0], grads[1] = _sums(terms, (gq if needs[0] else None, gk if needs[1] else None))
     if (needs[2] or needs[3]) and d is not None:
-        dq, dk = B(gq, gk, None, None, *d, needs[2], needs[3])[:2]
+        dq, dk = _rotated_only(B(gq, gk, None, None, *d, needs[2], needs[3])[:2], d[0])
         grads[2], grads[3] = (dq if needs[2] else None), (dk if needs[3] else None)
     if needs[4] or needs[5]:
         terms = []

@@ -1,13 +1,13 @@
 """Kernelize transformers' vision rotary by kernel name.
 
-transformers defines the vision rotary of Qwen3-Omni, Qwen2.5-VL and Qwen3-VL as a
-plain module-level function, `apply_rotary_pos_emb_vision(q, k, cos, sin)`, that
-the vision attention's forward calls as a global. `kernels.kernelize` only sees
-layers, so `make_kernelizable` turns that function into one with the kernels
-library's own mechanisms:
+Many of transformers' vision encoders (Qwen2-VL to Qwen3.5, GLM-4V, MiniMax-M3, Inkling2
+and more) define their vision rotary as a plain module-level function,
+`apply_rotary_pos_emb_vision(q, k, cos, sin)`, that the vision attention's forward
+calls as a global. `kernels.kernelize` only sees layers, so `make_kernelizable` turns
+that function into one with the kernels library's own mechanisms:
 
-1. the function becomes an instance of `_TransformersRotary`, an nn.Module made
-   extensible under the kernel layer name "ApplyRotaryPosEmbVision" by
+1. the function becomes an instance of a `_TransformersRotary` class, an nn.Module made
+   extensible under the kernel layer name of its variant (below) by
    `kernels.replace_kernel_forward_from_hub` (what `use_kernel_forward_from_hub` does
    to a function, minus its local class, which pickle cannot find);
 2. the modeling module's global is rebound to that instance, so the attention
@@ -16,9 +16,26 @@ library's own mechanisms:
    `kernels.use_kernelized_func` does: through the attention class's constructor
    (models built later) and directly (models passed in), so that `kernelize` visits it.
 
-Then the standard flow applies: a kernel mapping for "ApplyRotaryPosEmbVision"
-(`kernel_mapping`) and `kernels.kernelize(model, mode=..., device=...)`.
-`kernelize_vision_rotary` does all of it for one model.
+Then the standard flow applies: a kernel mapping for the layer names (`kernel_mapping`)
+and `kernels.kernelize(model, mode=..., device=...)`. `kernelize_vision_rotary` does all
+of it for one model.
+
+Families are found at run time, not from a list: a family is a package
+`transformers.models.<family>` whose `modeling_<family>` module defines the function
+(`find_families` reads the sources and imports nothing; a model's families come from its
+own modules). Before a family's function is swapped, `classify` evaluates it on small
+random float64 inputs against the package's math for each variant, and on low-precision
+inputs for its output dtypes; a function that is none of the variants is refused with
+the reason, and nothing is patched. A variant is
+  - a rotation: halves (transformers' rotate_half) or interleaved pairs (2i, 2i+1; its
+    rotate_pairwise), over the first cos.shape[-1] channels of head_dim, the other
+    channels passed through (partial rotary; most families rotate all of them);
+  - a dtype rule: each output in its input's dtype (the function casts to float32 and
+    back, as most families do), or in torch's promotion of its input with cos and sin
+    (the function computes in the inputs' dtypes: a bf16 q under autocast meets float32
+    cos/sin and comes out float32).
+Each variant has its kernel layer name (`VARIANT_LAYERS`), whose layer in layers.py
+calls the kernel accordingly.
 
 One layer per modeling module: kernelize replaces the `forward` of that shared
 instance, so every model of a family in the process follows the last kernelize
@@ -41,46 +58,282 @@ import importlib
 import inspect
 import os
 import pkgutil
+import sys
+import warnings
+from pathlib import Path
+from typing import NamedTuple
 
+import torch
 from torch import nn
 
-LAYER_NAME = "ApplyRotaryPosEmbVision"
+from . import rotary_torch
+
+LAYER_NAME = "ApplyRotaryPosEmbVision"  # the variant of most families (halves, dtypes kept)
 REPO_ID = "rope-bwd/rope-bwd"
-SUPPORTED_FAMILIES = ("qwen3_omni_moe", "qwen2_5_vl", "qwen3_vl")
 _FUNC_NAME = "apply_rotary_pos_emb_vision"
 _SIGNATURE = ("q", "k", "cos", "sin")
 
-# family -> (modeling module, original function, layer, {attention class: original __init__ or None})
-_PATCHED: dict = {}
+
+class Variant(NamedTuple):
+    """What a family's rotary computes: see the module's docstring."""
+
+    interleaved: bool  # pairs (2i, 2i+1) rotated; else the two halves
+    promotes: bool  # outputs in the promotion of q's (k's) dtype with cos's and sin's; else q's (k's)
+
+    @property
+    def layer_name(self) -> str:
+        return LAYER_NAME + "Interleaved" * self.interleaved + "Promoted" * self.promotes
+
+
+VARIANT_LAYERS = {v: v.layer_name for v in (Variant(i, p) for i in (False, True) for p in (False, True))}
+LAYER_NAMES = tuple(VARIANT_LAYERS.values())
+_VARIANTS_TEXT = (
+    "rotate_half or rotate_pairwise over the first cos.shape[-1] channels, the rest passed through; "
+    "each output in its input's dtype or in its promotion with cos and sin"
+)
+
+
+class _Patch(NamedTuple):
+    module: object  # the modeling module
+    original: object  # its apply_rotary_pos_emb_vision
+    layer: nn.Module  # the module global while patched
+    inits: dict  # attention class -> its own __init__ before the patch, or None
+
+
+_PATCHED: dict = {}  # family -> _Patch
+
+
+def _module_name(family: str) -> str:
+    return f"transformers.models.{family}.modeling_{family}"
+
+
+def find_families() -> tuple:
+    """The families of the installed transformers whose modeling module names
+    `apply_rotary_pos_emb_vision`, read from its sources (nothing imported). Candidates:
+    each is classified when it is patched."""
+    import transformers.models
+
+    paths = tuple(transformers.models.__path__)
+    if paths not in _FOUND:
+        needle = _FUNC_NAME.encode()
+        _FOUND[paths] = tuple(
+            sorted(
+                d.name
+                for p in paths
+                for d in Path(p).iterdir()
+                if (d / f"modeling_{d.name}.py").is_file() and needle in (d / f"modeling_{d.name}.py").read_bytes()
+            )
+        )
+    return _FOUND[paths]
+
+
+_FOUND: dict = {}  # transformers.models' path -> find_families()
 
 
 def _modeling_module(family: str):
-    if family not in SUPPORTED_FAMILIES:
-        raise ValueError(f"family must be one of {SUPPORTED_FAMILIES}, got {family!r}")
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    """The modeling module of `family`, imported; a ValueError when it defines no rotary."""
+    name = _module_name(family)
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if not name.startswith(str(e.name)):
+            raise  # a dependency the module needs, not the family
+        raise ValueError(
+            f"transformers has no family {family!r} ({name} not found); families with a vision rotary: "
+            f"{', '.join(find_families())}"
+        ) from None
+    if not hasattr(module, _FUNC_NAME):
+        raise ValueError(f"{name} has no {_FUNC_NAME}")
+    return module
+
+
+def _calls_rotary(cls) -> bool:
+    code = getattr(inspect.unwrap(getattr(cls, "forward", None)), "__code__", None)
+    return code is not None and _FUNC_NAME in code.co_names
 
 
 def _attention_classes(module) -> list:
     """Classes of `module` whose forward calls the module's global rotary function
     (found from the bytecode's global names, so no class name is hard-coded)."""
-    from torch import nn
-
-    def calls_rotary(cls):
-        code = getattr(inspect.unwrap(cls.forward), "__code__", None)
-        return code is not None and _FUNC_NAME in code.co_names
-
     return [
         cls
         for cls in vars(module).values()
         if inspect.isclass(cls)
         and issubclass(cls, nn.Module)
         and cls.__module__ == module.__name__
-        and calls_rotary(cls)
+        and _calls_rotary(cls)
     ]
 
 
+def _family_of(cls):
+    """The family whose rotary instances of `cls` call, or None."""
+    parts = cls.__module__.split(".")
+    if len(parts) != 4 or parts[:2] != ["transformers", "models"] or parts[3] != f"modeling_{parts[2]}":
+        return None
+    module = sys.modules.get(cls.__module__)
+    return parts[2] if hasattr(module, _FUNC_NAME) and _calls_rotary(cls) else None
+
+
+def families_in(*models) -> list:
+    """The families whose vision rotary some module of `models` calls, in order of appearance."""
+    found = {}
+    for model in models:
+        for cls in dict.fromkeys(type(m) for m in model.modules()):
+            family = _family_of(cls)
+            if family is not None:
+                found[family] = None
+    return list(found)
+
+
+# ------------------------------------------------------------------ classification
+
+
+def _reference(q, k, cos, sin, interleaved: bool):
+    """A variant's math (rotary_torch, the package's specification; cos/sin [S, R] broadcast
+    over heads and a leading batch), in float64 for float64 inputs."""
+    return rotary_torch.forward(q, k, cos, sin, interleaved)
+
+
+# The probes: S tokens, HQ/HK heads of D channels; R rotated in the partial case, R/2 odd
+# (as MiniMax-M3's 78 of 80) so that no halves/pairs layout coincides with another.
+_S, _HQ, _HK, _D, _R = 5, 2, 3, 16, 10
+_SHAPES = (("q [S, H, D], cos [S, D]", (_S,), _D), ("q [B, S, H, D], cos [S, D]", (2, _S), _D))
+_PARTIAL = ("q [S, H, D], cos [S, R < D]", (_S,), _R)
+_DTYPES = (  # (q, k, cos and sin): the two rules disagree on the first two
+    (torch.bfloat16, torch.float32, torch.float32),
+    (torch.float32, torch.bfloat16, torch.bfloat16),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+)
+_TOL_FLOAT64 = 1e-4  # most families compute in float32 even on float64 inputs
+_TOL_BF16 = 3e-2  # a few bf16 roundings (2^-9 each) of the largest value
+
+
+def _probe_inputs(gen, lead, rot, dtypes=(torch.float64,) * 3):
+    def rnd(*shape, dtype):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64, device="cpu").to(dtype)
+
+    q, k = rnd(*lead, _HQ, _D, dtype=dtypes[0]), rnd(*lead, _HK, _D, dtype=dtypes[1])
+    return q, k, rnd(_S, rot, dtype=dtypes[2]), rnd(_S, rot, dtype=dtypes[2])
+
+
+def _max_err(outs, refs) -> float:
+    """Largest |out - ref| over both outputs, relative to their largest |ref|."""
+    err = max((o.double() - r.double()).abs().max().item() for o, r in zip(outs, refs))
+    return err / max(max(r.abs().max().item() for r in refs), 1e-30)
+
+
+class _BadOutput(Exception):
+    """What a function returned instead of (q_embed, k_embed)."""
+
+
+def _call(fn, args):
+    """fn's outputs, or the exception it raised, or a _BadOutput when they are not two
+    tensors shaped like q and k."""
+    try:
+        outs = fn(*args)
+    except Exception as e:  # any failure: a call its model cannot make
+        return e
+    if not (isinstance(outs, (tuple, list)) and len(outs) == 2 and all(isinstance(o, torch.Tensor) for o in outs)):
+        return _BadOutput(f"returned {type(outs).__name__}, not (q_embed, k_embed)")
+    if tuple(outs[0].shape) != tuple(args[0].shape) or tuple(outs[1].shape) != tuple(args[1].shape):
+        return _BadOutput(f"returned shapes {[tuple(o.shape) for o in outs]}, not those of q and k")
+    return outs
+
+
+def _rotation(fn, gen) -> tuple:
+    """(interleaved, leading dims of a probe it ran, None), or (None, None, why), from
+    float64 probes: a probe the function raises on is a call its model never makes; every
+    other must match one rotation, values and gradients of q, k, cos and sin, and at least
+    one full-rotary probe must run."""
+    errs = {False: [], True: []}  # the rotation -> what differed
+    ran = []
+    for what, lead, rot in (*_SHAPES, _PARTIAL):
+        args = [t.requires_grad_() for t in _probe_inputs(gen, lead, rot)]
+        outs = _call(fn, args)
+        if isinstance(outs, _BadOutput):
+            return None, None, f"{what}: {outs}"
+        if isinstance(outs, Exception):
+            continue
+        if not all(o.requires_grad for o in outs):
+            return None, None, f"{what}: its outputs carry no gradient"
+        if rot == _D:
+            ran.append(lead)
+        cot = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device="cpu") for o in outs]
+        grads = torch.autograd.grad(outs, args, cot, allow_unused=True)
+        for interleaved in errs:
+            refs = _reference(*args, interleaved)
+            ref_grads = torch.autograd.grad(refs, args, cot)
+            err = max(
+                _max_err(outs, refs),
+                *(_max_err([g if g is not None else torch.zeros_like(r)], [r]) for g, r in zip(grads, ref_grads)),
+            )
+            if not err <= _TOL_FLOAT64:
+                errs[interleaved].append(f"{what}: relative error {err:.2g}")
+    if not ran:
+        return None, None, f"it raised on every probe ({', '.join(w for w, _, _ in _SHAPES)})"
+    matched = [i for i, e in errs.items() if not e]
+    if not matched:
+        why = "; ".join(f"{'rotate_pairwise' if i else 'rotate_half'}: {e[0]}" for i, e in errs.items())
+        return None, None, f"values or gradients differ from both rotations ({why}; float64 inputs)"
+    return matched[0], ran[0], None
+
+
+def _dtype_rule(fn, gen, interleaved: bool, lead) -> tuple:
+    """(promotes, None), or (None, why) when the output dtypes follow neither rule or the
+    low-precision values are off. A dtype mix the function raises on binds no rule; when
+    both rules remain, dtypes kept (as most families)."""
+    rules = {False, True}
+    for dtypes in _DTYPES:
+        args = _probe_inputs(gen, lead, _D, dtypes)
+        with torch.no_grad():
+            outs = _call(fn, args)
+        if isinstance(outs, Exception):
+            continue
+        got = tuple(o.dtype for o in outs)
+        promoted = tuple(torch.promote_types(x.dtype, dtypes[2]) for x in args[:2])
+        rules &= {p for p in rules if got == (promoted if p else dtypes[:2])}
+        what = f"q {dtypes[0]}, k {dtypes[1]}, cos/sin {dtypes[2]}"
+        if not rules:
+            return None, f"outputs in {got[0]} and {got[1]} for {what}: neither theirs nor the promoted dtypes"
+        err = _max_err(outs, _reference(*(a.double() for a in args), interleaved))
+        if not err <= _TOL_BF16:
+            return None, f"{what}: relative error {err:.2g} from the float64 math of those inputs"
+    return False not in rules, None
+
+
+def classify(function, name: str = None) -> Variant:
+    """The variant that `function` (an `apply_rotary_pos_emb_vision`) computes, from small
+    random probes against the package's math; a ValueError saying what differed when it
+    is none. `name` names it in the error."""
+    if function in _CLASSIFIED:
+        return _CLASSIFIED[function]
+    name = name or getattr(function, "__qualname__", repr(function))
+    prefix = f"{name} matches none of the supported rotary variants ({_VARIANTS_TEXT})"
+    try:
+        params = tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        params = None
+    if params != _SIGNATURE:
+        raise ValueError(f"{prefix}: it takes {params}, not {_SIGNATURE}")
+    gen = torch.Generator().manual_seed(0)
+    interleaved, lead, why = _rotation(function, gen)
+    if why is None:
+        promotes, why = _dtype_rule(function, gen, interleaved, lead)
+    if why is not None:
+        raise ValueError(f"{prefix}: {why}")
+    _CLASSIFIED[function] = variant = Variant(interleaved, promotes)
+    return variant
+
+
+_CLASSIFIED: dict = {}  # function -> Variant
+
+
+# ------------------------------------------------------------------- the layers
+
+
 class _TransformersRotary(nn.Module):
-    """transformers' `apply_rotary_pos_emb_vision` of one family as a kernelizable layer.
+    """transformers' `apply_rotary_pos_emb_vision` of one family as a kernelizable layer,
+    through the subclass of its variant (kernels reads the layer name from the class).
     One instance per family, the module global: pickled, it is that global by name (on
     loading, transformers' function, or this process's layer while patched); deep-copied,
     itself (what a copied model's attention calls)."""
@@ -99,6 +352,13 @@ class _TransformersRotary(nn.Module):
         return self
 
 
+# One class per variant: kernels keys layers by the class attribute kernel_layer_name.
+_ROTARY_CLASSES = {
+    v: type(f"_Transformers{name}", (_TransformersRotary,), {"__module__": __name__})
+    for v, name in VARIANT_LAYERS.items()
+}
+
+
 class _KernelFuncs(dict):
     """The `_kernel_funcs` of an attention module, holding our layer: pickled, a plain dict
     without it (a loaded model needs neither this package nor the patch, and kernelize
@@ -115,11 +375,12 @@ class _KernelFuncs(dict):
 
 
 def _attach(module, layer):
-    """Put `layer` in module._kernel_funcs, where kernelize looks (kernels.use_kernelized_func's key)."""
+    """Put `layer` in module._kernel_funcs, where kernelize looks (kernels.use_kernelized_func's
+    key, the layer name)."""
     funcs = module.__dict__.get("_kernel_funcs")
     if not isinstance(funcs, _KernelFuncs):
         funcs = module.__dict__["_kernel_funcs"] = _KernelFuncs(funcs or {})
-    funcs[LAYER_NAME] = layer
+    funcs[type(layer).kernel_layer_name] = layer
 
 
 def _attach_on_init(cls, layer):
@@ -134,50 +395,79 @@ def _attach_on_init(cls, layer):
     cls.__init__ = __init__
 
 
-def _patch(family: str):
-    if family in _PATCHED:
-        return _PATCHED[family]
-    import kernels
-
+def _plan(family: str):
+    """(module, original, variant, attention classes) of `family`, checked; nothing patched.
+    A ValueError when it cannot be."""
     module = _modeling_module(family)
     original = getattr(module, _FUNC_NAME)
-    params = tuple(inspect.signature(original).parameters)
-    if params != _SIGNATURE:
-        raise TypeError(f"{module.__name__}.{_FUNC_NAME} takes {params}, expected {_SIGNATURE}")
+    variant = classify(original, f"{module.__name__}.{_FUNC_NAME}")
     classes = _attention_classes(module)
     if not classes:
-        raise TypeError(f"no class of {module.__name__} calls {_FUNC_NAME}")
+        raise ValueError(f"no class of {module.__name__} calls {_FUNC_NAME}")
+    return module, original, variant, classes
 
-    kernels.replace_kernel_forward_from_hub(_TransformersRotary, LAYER_NAME)
-    layer = _TransformersRotary(module.__name__, original)
+
+def _patch(family: str, plan) -> _Patch:
+    import kernels
+
+    module, original, variant, classes = plan
+    rotary_cls = _ROTARY_CLASSES[variant]
+    kernels.replace_kernel_forward_from_hub(rotary_cls, variant.layer_name)
+    layer = rotary_cls(module.__name__, original)
     inits = {cls: cls.__dict__.get("__init__") for cls in classes}
     for cls in classes:
         _attach_on_init(cls, layer)
     setattr(module, _FUNC_NAME, layer)
-    _PATCHED[family] = (module, original, layer, inits)
+    _PATCHED[family] = _Patch(module, original, layer, inits)
     return _PATCHED[family]
 
 
-def make_kernelizable(*models, families=SUPPORTED_FAMILIES) -> None:
-    """Make transformers' `apply_rotary_pos_emb_vision` of `families` a kernelizable
-    layer named "ApplyRotaryPosEmbVision" (idempotent). Models built before the call
-    are passed as `models`; models built after it need nothing."""
-    patched = [_patch(f) for f in families]
-    attached = {cls: layer for _, _, layer, inits in patched for cls in inits}
+def make_kernelizable(*models, families=None) -> list:
+    """Make transformers' `apply_rotary_pos_emb_vision` of `families` a kernelizable layer
+    under the layer name of its variant (idempotent); returns the families patched.
+
+    families: names (`find_families()` lists them); by default those of `models`, or,
+    without models, every family of the installed transformers (those whose function is
+    none of the variants are left as they are, with a warning). A named family, or one of
+    `models`, that cannot be patched is a ValueError, and then nothing is patched.
+    Models built before the call are passed as `models`; models built after it need nothing."""
+    if families is None and models:
+        families = families_in(*models)
+        if not families:
+            raise ValueError(f"no module of the models calls a transformers {_FUNC_NAME}")
+    if families is None:
+        plans, skipped = {}, []
+        for family in find_families():
+            if family not in _PATCHED:
+                try:
+                    plans[family] = _plan(family)
+                except (ValueError, ImportError) as e:  # ImportError: a dependency only that family needs
+                    skipped.append(f"{family}: {e}")
+        if skipped:
+            warnings.warn("left as transformers has them:\n" + "\n".join(skipped), stacklevel=2)
+    else:
+        families = [families] if isinstance(families, str) else list(families)
+        plans = {f: _plan(f) for f in dict.fromkeys(families) if f not in _PATCHED}
+    for family, plan in plans.items():
+        _patch(family, plan)
+    if families is None:
+        families = [f for f in find_families() if f in _PATCHED]
+    attached = {cls: p.layer for p in _PATCHED.values() for cls in p.inits}
     for model in models:
         for sub in model.modules():
             layer = attached.get(type(sub))
             if layer is not None:
                 _attach(sub, layer)
+    return families
 
 
 def restore_transformers() -> None:
     """Undo make_kernelizable: original functions and attention constructors back.
     Models built while patched keep the layer in their `_kernel_funcs` (not pickled);
     their forward calls the original function again."""
-    for module, original, _, inits in _PATCHED.values():
-        setattr(module, _FUNC_NAME, original)
-        for cls, init in inits.items():
+    for patch in _PATCHED.values():
+        setattr(patch.module, _FUNC_NAME, patch.original)
+        for cls, init in patch.inits.items():
             if init is None:
                 delattr(cls, "__init__")
             else:
@@ -186,11 +476,11 @@ def restore_transformers() -> None:
 
 
 def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_code=True) -> dict:
-    """The mapping for `kernels.register_kernel_mapping` / `use_kernel_mapping`: the
-    layer "ApplyRotaryPosEmbVision" of `repo_id` for CUDA and CPU, in every mode
-    (it has a backward and compiles without graph breaks).
+    """The mapping for `kernels.register_kernel_mapping` / `use_kernel_mapping`: every
+    layer name of `LAYER_NAMES` from `repo_id`, for CUDA and CPU, in every mode (the
+    layers have a backward and compile without graph breaks).
 
-    When LOCAL_KERNELS names `repo_id` (a checkout, or hub CI's build), the layer comes
+    When LOCAL_KERNELS names `repo_id` (a checkout, or hub CI's build), the layers come
     from there through kernels' LocalLayerRepository, as get_kernel's lookup does: a
     LayerRepository would resolve `version` on the Hub first. Otherwise, with
     HF_HUB_OFFLINE=1, kernels resolves `version` from its cache.
@@ -200,12 +490,18 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
     from kernels import LayerRepository, LocalLayerRepository, Mode
 
     local = _local_kernel_path(repo_id)
-    if local is not None:
-        repo = LocalLayerRepository(local, layer_name=LAYER_NAME)
-    else:
-        repo = LayerRepository(repo_id, layer_name=LAYER_NAME, version=version, trust_remote_code=trust_remote_code)
+
+    def repo(name):
+        if local is not None:
+            return LocalLayerRepository(local, layer_name=name)
+        return LayerRepository(repo_id, layer_name=name, version=version, trust_remote_code=trust_remote_code)
+
     modes = [Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING | Mode.TORCH_COMPILE]
-    return {LAYER_NAME: {device: {mode: repo for mode in modes} for device in ("cuda", "cpu")}}
+    mapping = {}
+    for name in LAYER_NAMES:
+        layer_repo = repo(name)
+        mapping[name] = {device: {mode: layer_repo for mode in modes} for device in ("cuda", "cpu")}
+    return mapping
 
 
 def _local_kernel_path(repo_id: str):
@@ -218,20 +514,13 @@ def _local_kernel_path(repo_id: str):
     return _parse_local_kernel_overrides(spec).get(repo_id)
 
 
-def _families_in(model) -> list:
-    names = {type(sub).__module__ for sub in model.modules()}
-    return [f for f in SUPPORTED_FAMILIES if f"transformers.models.{f}.modeling_{f}" in names]
-
-
 def kernelize_vision_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, version: int = 1, **kernelize_kwargs):
-    """make_kernelizable for the families found in `model`, then `kernels.kernelize`
-    under `kernel_mapping(repo_id, version=version)` (added to any mapping already
-    registered). Returns the model, as kernelize does."""
+    """make_kernelizable for the families found in `model` (ValueError if there are none, or
+    one is none of the variants: then nothing is patched), then `kernels.kernelize` under
+    `kernel_mapping(repo_id, version=version)` (added to any mapping already registered).
+    Returns the model, as kernelize does."""
     import kernels
 
-    families = _families_in(model)
-    if not families:
-        raise ValueError(f"the model has no module of the supported families {SUPPORTED_FAMILIES}")
-    make_kernelizable(model, families=families)
+    make_kernelizable(model)
     with kernels.use_kernel_mapping(kernel_mapping(repo_id, version=version)):
         return kernels.kernelize(model, mode=mode, device=device, **kernelize_kwargs)

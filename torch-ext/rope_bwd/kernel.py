@@ -49,14 +49,19 @@ def _pair_tile(
     in_range = (s < seq_len) & (h < H)
     if INTERLEAVED:
         c = pid_d * 2 * BLOCK_D + tl.arange(0, 2 * BLOCK_D)[None, None, :]
-        return base + c * stride_dim, in_range & (c < 2 * HALF)
-    j = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)[None, None, :]
-    p = base + j * stride_dim
-    m = in_range & (j < HALF)
-    if PAIR_AXIS_FIRST:
-        return p[None, :, :, :] + tl.arange(0, 2)[:, None, None, None] * (HALF * stride_dim), m[None, :, :, :]
+        ptrs = base + c * stride_dim
+        mask = in_range & (c < 2 * HALF)
     else:
-        return p[:, :, :, None] + tl.arange(0, 2)[None, None, None, :] * (HALF * stride_dim), m[:, :, :, None]
+        j = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)[None, None, :]
+        p = base + j * stride_dim
+        m = in_range & (j < HALF)
+        if PAIR_AXIS_FIRST:
+            ptrs = p[None, :, :, :] + tl.arange(0, 2)[:, None, None, None] * (HALF * stride_dim)
+            mask = m[None, :, :, :]
+        else:
+            ptrs = p[:, :, :, None] + tl.arange(0, 2)[None, None, None, :] * (HALF * stride_dim)
+            mask = m[:, :, :, None]
+    return ptrs, mask
 
 
 # fmt: off

@@ -76,19 +76,17 @@ def _launch(tensors, adjoint, interleaved, config):
     if device.type == "cuda" and type(x_q) is torch.Tensor and _several_gpus() and device != _current(device):
         with torch.cuda.device(device):  # Triton launches on the current device
             return _launch(tensors, adjoint, interleaved, config)
+    # Head counts and head_dim are constexprs: ints, specialized where a trace has them symbolic.
+    HQ, HK, D, R = int(x_q.shape[1]), int(x_k.shape[1]), int(x_q.shape[2]), int(tensors[6].shape[1])
     if config is None:
         mode = "fwd" if not adjoint else ("bwd" if tensors[8] is not None else "bwd_qk")
         layout = "sdpa" if adjoint and _heads_outside(x_q) else ""
-        rot = tensors[6].shape[1]
-        config = tuning.get_config(
-            mode, _size_hint(S), x_q.shape[1], x_k.shape[1], rot, x_q.element_size(), device, layout
-        )
+        config = tuning.get_config(mode, _size_hint(S), HQ, HK, R, x_q.element_size(), device, layout)
     if type(x_q) is not torch.Tensor:
-        _launch_traced(tensors, adjoint, interleaved, config)
+        _launch_traced(tensors, (HQ, HK, D, R), adjoint, interleaved, config)
         return
     ptrs, layout = _key(tensors, S)
-    plan = _plan(x_q.shape[1], x_k.shape[1], x_q.shape[2], tensors[6].shape[1], adjoint, interleaved, layout,
-                 tuple(config.items()), device.index)  # fmt: skip
+    plan = _plan(HQ, HK, D, R, adjoint, interleaved, layout, tuple(config.items()), device.index)
     grid = (-(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
     if plan.fast is None and fast_launch.ENABLED and _JIT:
         fast_launch.start_up()
@@ -147,22 +145,30 @@ def _encode_traced(strides, S):
     """encode_strides for torch.compile's traced tensors, where S and the strides that grow with
     it may be symbolic: such a stride is a*S, whose coefficient sympy reads off. None for a
     symbolic stride of another form."""
-    if isinstance(S, int) and all(isinstance(st, int) for st in strides):
-        return encode_strides(strides, S)
+    ints = [_as_int(st) for st in (S, *strides)]
+    if None not in ints:
+        return encode_strides(ints[1:], ints[0])
     import sympy
 
-    if not isinstance(strides[0], int):
+    if ints[1] is None:
         return None
-    out = [strides[0]]
-    for st in strides[1:]:
-        if isinstance(st, int):
-            out.append(st)
-            continue
-        ratio = sympy.simplify(st.node.expr / S.node.expr)
-        if not (ratio.is_Integer and ratio > 0):
-            return None
-        out.append(-int(ratio))
+    out = [ints[1]]
+    for st, n in zip(strides[1:], ints[2:]):
+        if n is None:
+            n = sympy.simplify(st.node.expr / S.node.expr)
+            if not (n.is_Integer and n > 0):
+                return None
+            n = -int(n)
+        out.append(n)
     return tuple(out)
+
+
+def _as_int(n):
+    """n as an int where it is one or a symbol with a known value (a specialized size), else None."""
+    if isinstance(n, int):
+        return n
+    expr = n.node.expr
+    return int(expr) if expr.is_number else None
 
 
 def _key(tensors, S):
@@ -257,11 +263,11 @@ def _plan(HQ, HK, D, R, adjoint, interleaved, layout, config, device):
     return _Plan(_constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config))
 
 
-def _launch_traced(tensors, adjoint, interleaved, config):
+def _launch_traced(tensors, sizes, adjoint, interleaved, config):
     """The launch under torch.compile (fake or functional tensors): through wrap_triton, so that
-    inductor launches the kernel from its generated code. S may be symbolic; head counts and
-    head_dim are constexprs, so symbolic ones are specialized (a guard on their values). An input
-    with a symbolic stride that is not a multiple of S is made contiguous first."""
+    inductor launches the kernel from its generated code. S may be symbolic; `sizes` are the
+    head counts, head_dim and table width as ints. An input with a symbolic stride that is not a
+    multiple of S is made contiguous first."""
     from torch.library import wrap_triton
 
     x_q = tensors[0]
@@ -271,8 +277,6 @@ def _launch_traced(tensors, adjoint, interleaved, config):
         for i, t in enumerate(tensors)
     )
     layout = tuple(None if t is None else (_encode_traced(t.stride(), S), t.dtype) for t in tensors)
-    HQ, D = (int(n) for n in tensors[0].shape[1:])
-    HK, R = int(tensors[1].shape[1]), int(tensors[6].shape[1])
-    consts = _constexprs(HQ, HK, D, R, adjoint, interleaved, layout, tuple(config.items()))
+    consts = _constexprs(*sizes, adjoint, interleaved, layout, tuple(config.items()))
     grid = (triton.cdiv(S, consts["BLOCK_S"]), triton.cdiv(consts["HALF"], consts["BLOCK_D"]))
     wrap_triton(rotary_kernel)[grid](*_pointer_args(tensors), S, **consts)

@@ -25,7 +25,8 @@ def math_dtype(*tensors) -> torch.dtype:
 def split_pairs(x: torch.Tensor, rot: int, interleaved: bool):
     """(x1, x2, tail): the first and second element of each rotated pair of the first `rot`
     channels, and the channels past them."""
-    r, tail = x[..., :rot], x[..., rot:]
+    # No slice where it would take everything: vmap has no batching rule for the alias it makes.
+    r, tail = (x, None) if rot == x.shape[-1] else (x[..., :rot], x[..., rot:])
     if interleaved:
         return r[..., 0::2], r[..., 1::2], tail
     return r[..., : rot // 2], r[..., rot // 2 :], tail
@@ -33,8 +34,11 @@ def split_pairs(x: torch.Tensor, rot: int, interleaved: bool):
 
 def join_pairs(y1: torch.Tensor, y2: torch.Tensor, tail, interleaved: bool) -> torch.Tensor:
     """split_pairs' inverse; tail None: the rotated channels alone."""
-    y = torch.stack((y1, y2), dim=-1).flatten(-2) if interleaved else torch.cat((y1, y2), dim=-1)
-    return y if tail is None or tail.shape[-1] == 0 else torch.cat((y, tail), dim=-1)
+    if interleaved:  # reshape, not flatten: forward-mode vmap has no rule for flatten
+        y = torch.stack((y1, y2), dim=-1).reshape(*y1.shape[:-1], 2 * y1.shape[-1])
+    else:
+        y = torch.cat((y1, y2), dim=-1)
+    return y if tail is None else torch.cat((y, tail), dim=-1)
 
 
 def cos_sin(table: torch.Tensor, sin, dtype: torch.dtype):
