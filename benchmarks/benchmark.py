@@ -109,7 +109,8 @@ class RopeBackwardQK(_Rope, Benchmark):
     through the op that the autograd backward calls."""
 
     def _run(self):
-        self.result = self.kernel.ops.rotary_bwd(self.gq, self.gk, None, None, self.cos, self.sin, True, True)[:2]
+        no_grad_table = (None, None, self.cos, self.sin, True, True, False)  # q, k, tables, need_q/k, interleaved
+        self.result = self.kernel.ops.rotary_bwd(self.gq, self.gk, *no_grad_table)[:2]
 
     def _verify(self):
         return self._reference_backward(table_grad=False)

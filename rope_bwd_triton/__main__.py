@@ -17,22 +17,15 @@ class _Parser(argparse.ArgumentParser):
 
 COMMANDS = {
     "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
-    "demo": "the main job, bench with a preset: build, load through get_kernel, verify and time ours on the 16 "
-    "public workloads; table, JSON, plot",
-    "bench": "time ours and the peers against the byte floor (cold L2); JSON, markdown, plot",
-    "realcall": "time the real model's call (views of qkv, sdpa's gradient layout) against a copy and the peers",
-    "coldstart": "first calls in fresh processes with empty Triton caches: ours and the peers",
-    "host": "host time per call of each layer of the launch path, and of a never-seen S",
-    "copybound": "ours against the best plain Triton copy of each task's bytes on the 16 public workloads",
-    "ncu": "Nsight Compute counters of our kernel and of a streaming kernel over the same bytes: metrics, run, report",
-    "crosstriton": "our kernel compiled by another Triton version (compile: any machine), checked and timed beside "
-    "this machine's Triton (run: a CUDA GPU)",
+    "bench": "verify, then time ours against the byte floor, a copy of its bytes and the peers, by preset: "
+    "suite (the 16 public workloads and the scaling sizes; the demo), realcall (the models' call), copybound "
+    "(the best plain Triton copy); JSON, markdown, plot, a table",
+    "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary; --varres: "
+    "images of varying size, each variant in a fresh process",
+    "overhead": "first calls in fresh processes with empty caches, and host time per call (fast launch on and off)",
     "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
-    "attncheck": "whether this torch's attention backward follows the upstream gradient's strides from call to call "
-    "(sdpa per image on slices of one batch's gradient), against float64",
-    "e2e": "time a Qwen3-Omni vision-encoder training step: eager, kernelized, identity rotary",
-    "card": "write CARD.md (the Hub card) from README.md's card part",
-    "publish": "upload build/ and the card to branch v<version> of the Hub repo (or --dry-run, --to-cache)",
+    "publish": "write CARD.md (the Hub card) from README.md's card part, then upload build/ and the card to the Hub "
+    "(or --card-only, --dry-run, --to-cache)",
 }
 
 

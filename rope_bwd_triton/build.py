@@ -143,7 +143,7 @@ def build_variants(root: Path = REPO_ROOT, out: Path | None = None) -> list[Path
 def _sync(src: Path, dest: Path) -> None:
     """Make `dest` hold exactly the files of `src`, writing only those that differ, each
     replaced in one step. Processes that loaded the variant read some of its files later
-    (configs/*.json, rotary_triton.py on first GPU use), and the test suite's workers build
+    (configs/*.json, the Triton modules on first GPU use), and the test suite's workers build
     while others run: deleting and rewriting the folder made those reads fail at random."""
     for path in sorted(src.rglob("*")):
         target = dest / path.relative_to(src)

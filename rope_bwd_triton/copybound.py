@@ -1,22 +1,18 @@
-"""`python -m rope_bwd_triton copybound`: what a kernel that only streams a task's bytes takes
-at the suite's sizes. On the 16 public workloads, ours (the benchmark's own calls, verification
+"""`python -m rope_bwd_triton bench --preset copybound`: what a kernel that only streams a
+task's bytes takes at the suite's sizes. On the 16 public workloads, ours (the benchmark's own calls, verification
 and timer) against the best of a few plain Triton copies of each task's floor bytes (half read,
 half written, int32 elements) and the benchmark's device copy. The floor (bytes / bandwidth of a
 1 GiB copy) has no per-call cost; a streaming kernel pays its launch, first DRAM round trip and
 tail at every size, so its suite mean shows how close to the floor any kernel that moves these
 bytes gets on this GPU.
 
-It is `bench --set suite --peers copy` with the Triton copies timed after each workload, on the
-same timer; the JSON is that bench run, each workload with its "triton_copy" (us, BLOCK,
-num_warps) per task. `--quick` exercises the code path on the CPU in Triton's interpreter
-(TRITON_INTERPRET=1): one tiny workload, the timings mean nothing there."""
+It is the suite preset with `--set suite --peers copy --timer span` and the Triton copies
+timed after each workload, on the same timer; the JSON is that bench run, each workload
+with its "triton_copy" (us, BLOCK, num_warps) per task. `--quick` exercises the code path
+on the CPU in Triton's interpreter (TRITON_INTERPRET=1): one tiny workload, the timings
+mean nothing there."""
 
-import json
-import os
 import statistics
-from pathlib import Path
-
-from . import REPO_ROOT, cli
 
 CONFIGS = ((2048, 4), (4096, 8), (8192, 8))  # (BLOCK, num_warps): the copy's best is kept per size
 SAME_BYTES = {"fwd": "bwd_qk"}  # tasks whose floor bytes equal another's: its copy is timed once
@@ -51,88 +47,56 @@ def best_copy(timer, nbytes):
 
 def triton_copies(timer, w, bar):
     """bench's after_workload: checks that every implementation passed, then times the best
-    Triton copy of each task's floor bytes (w["triton_copy"])."""
-    bad = [n for n, r in w["results"].items() if not r.get("verify", {}).get("ok")]
+    Triton copy of the floor bytes of each task ours ran (w["triton_copy"])."""
+    bad = [n for n, r in w["results"].items() if "skipped" not in r and not r.get("verify", {}).get("ok")]
     if bad:
         raise AssertionError(f"S={w['S']}: {bad} failed verification or did not run")
-    copies = {task: best_copy(timer, floor["bytes"]) for task, floor in w["floors"].items() if task not in SAME_BYTES}
-    w["triton_copy"] = {task: copies[SAME_BYTES.get(task, task)] for task in w["floors"]}
+    tasks = [t for t in w["floors"] if f"ours_{t}" in w["results"]]
+    copies = {t: best_copy(timer, w["floors"][t]["bytes"]) for t in {SAME_BYTES.get(t, t) for t in tasks}}
+    w["triton_copy"] = {t: copies[SAME_BYTES.get(t, t)] for t in tasks}
     bar.write(
         f"S={w['S']}: "
-        + ", ".join(f"{t} {_us(w, 'ours_' + t):.2f} / {w['triton_copy'][t][0]:.2f} us" for t in w["floors"])
+        + ", ".join(f"{t} {_us(w, 'ours_' + t):.2f} / {copies[SAME_BYTES.get(t, t)][0]:.2f} us" for t in tasks)
     )
 
 
 def _us(w, name):
-    return w["results"][name]["time"]["mean_us"]
+    r = w["results"].get(name, {})
+    return r["time"]["mean_us"] if "time" in r else None
 
 
 def summary(run) -> list:
-    """[(task, floor, ours, triton copy, device copy)], suite means in us."""
+    """[(task, floor, ours, Triton copy, device copy or None)]: means over the workloads, in us."""
     ws = run["workloads"]
-    out = []
-    for task in ws[0]["floors"]:
 
-        def mean(get):
-            return statistics.fmean(get(w) for w in ws)
+    def mean(values):
+        values = list(values)
+        return None if None in values else statistics.fmean(values)
 
-        out.append(
-            (
-                task,
-                mean(lambda w: w["floors"][task]["us"]),
-                mean(lambda w: _us(w, "ours_" + task)),
-                mean(lambda w: w["triton_copy"][task][0]),
-                mean(lambda w: _us(w, "copy_" + task)),
-            )
+    return [
+        (
+            task,
+            mean(w["floors"][task]["us"] for w in ws),
+            mean(_us(w, "ours_" + task) for w in ws),
+            mean(w["triton_copy"][task][0] for w in ws),
+            mean(_us(w, "copy_" + task) for w in ws),
         )
-    return out
+        for task in ws[0]["triton_copy"]
+    ]
 
 
-def add_arguments(parser):
-    parser.add_argument("--json", type=Path, default=REPO_ROOT / "results" / "copy-bound.json")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="CPU code-path check in Triton's interpreter (TRITON_INTERPRET=1): one tiny workload",
+def markdown(run) -> str:
+    """The means of ours, the best Triton copy and the device copy, against the floor."""
+    from .output import markdown_table
+
+    def cell(us, floor):
+        return "—" if us is None else f"{us:.2f} ({us / floor:.3f}x)"
+
+    rows = [[task, f"{floor:.2f}", *(cell(us, floor) for us in rest)] for task, floor, *rest in summary(run)]
+    return (
+        f"### Copy bound: means over {len(run['workloads'])} workloads, us (x floor)\n\n"
+        f"The best of the Triton copies (BLOCK, num_warps) {', '.join(map(str, CONFIGS))} of each task's floor "
+        "bytes, timed after each workload on the same timer.\n\n"
+        + markdown_table(["task", "floor", "ours", "Triton copy", "device copy"], rows)
+        + "\n"
     )
-
-
-def main(args) -> int:
-    import torch
-
-    from . import bench
-
-    if args.quick:
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            raise cli.UsageError("--quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1")
-        preset = [
-            "--quick",
-            "--device",
-            "cpu",
-            "--seq-lens",
-            str(bench.QUICK["seq_lens"][0]),
-            "--calls",
-            "2",
-            "--copy-mib",
-            "1",
-        ]
-    elif not torch.cuda.is_available():
-        raise cli.UsageError("copybound times Triton kernels: it needs a CUDA GPU (or --quick with TRITON_INTERPRET=1)")
-    else:
-        preset = ["--set", "suite", "--device", "cuda", "--calls", "20", "--copy-mib", "1024"]
-    # ours and the device copy of each task, by the kernel span
-    run = bench.measure(bench.preset(*preset, "--peers", "copy", "--timer", "span"), after_workload=triton_copies)
-    run["configs"] = CONFIGS
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(run, indent=1) + "\n")
-    print(
-        f"means over {len(run['workloads'])} workloads, us (x floor); {run['meta']['gpu'] or 'CPU'}, "
-        f"copy {run['copy']['GBps']:.0f} GB/s"
-    )
-    print("task       floor  ours            triton copy     device copy")
-    for task, floor, ours, tcopy, dcopy in summary(run):
-        print(
-            f"{task:9s} {floor:6.2f}  {ours:6.2f} ({ours / floor:.3f}x)  {tcopy:6.2f} ({tcopy / floor:.3f}x)"
-            f"  {dcopy:6.2f} ({dcopy / floor:.3f}x)"
-        )
-    return 0

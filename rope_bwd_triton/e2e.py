@@ -19,14 +19,12 @@ regions keep host time of their own (guards, wrappers), which the bound pays too
 With --profile, one more step per variant runs under torch.profiler: operator table,
 chrome trace and a kernel summary (time, launches, rotary kernels) per variant.
 
-The model factory here is shared with the parity tests (tests/test_kernelize.py).
+The encoder comes from models.py; --varres (varres.py) trains on images of varying size.
 """
 
 import argparse
 import copy
-import importlib
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -34,88 +32,21 @@ from pathlib import Path
 import torch
 
 from . import REPO_ROOT, cli, varres
+from .build import repo_id
 from .fresh import add_result_argument
-
-# family -> (configuration class, vision model class), in transformers.models.<family>
-FAMILIES = {
-    "qwen3_omni_moe": ("Qwen3OmniMoeVisionEncoderConfig", "Qwen3OmniMoeVisionEncoder"),
-    "qwen2_5_vl": ("Qwen2_5_VLVisionConfig", "Qwen2_5_VisionTransformerPretrainedModel"),
-    "qwen3_vl": ("Qwen3VLVisionConfig", "Qwen3VLVisionModel"),
-}
-REAL_OMNI = dict(hidden_size=1152, num_heads=16, intermediate_size=4304, depth=8)
-QUICK_OMNI = dict(
-    hidden_size=32,
-    num_heads=2,
-    intermediate_size=64,
-    depth=2,
-    patch_size=4,
-    num_position_embeddings=16,
-    deepstack_visual_indexes=[0],
-    out_hidden_size=48,
+from .models import (
+    OMNI,
+    QUICK_OMNI,
+    REAL_OMNI,
+    identity_rotary,
+    make_config,
+    make_images,
+    make_vision_model,
+    modeling_module,
+    square_grid,
+    step,
+    sync,
 )
-
-
-def modeling_module(family: str):
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-
-
-def make_config(family: str, **config):
-    """The vision configuration of `family`; `config` overrides its defaults (which are the
-    released models' values where transformers has them)."""
-    cfg_name, _ = FAMILIES[family]
-    return getattr(importlib.import_module(f"transformers.models.{family}.configuration_{family}"), cfg_name)(**config)
-
-
-def make_vision_model(family: str, *, dtype=torch.float32, device="cpu", seed=0, **config):
-    """A random-init vision model of `family`, its configuration from make_config."""
-    _, model_name = FAMILIES[family]
-    cfg = make_config(family, **config)
-    cfg._attn_implementation = "sdpa"
-    model_cls = getattr(modeling_module(family), model_name)
-    torch.manual_seed(seed)
-    return model_cls(cfg).to(device=device, dtype=dtype)
-
-
-def make_images(model, grids, *, seed=0):
-    """Patch inputs for images of grid (t, h, w) patches each: (pixel_values, grid_thw)."""
-    cfg = model.config
-    tokens = sum(t * h * w for t, h, w in grids)
-    width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
-    gen = torch.Generator().manual_seed(seed)
-    pixels = torch.randn(tokens, width, generator=gen).to(device=model.device, dtype=model.dtype)
-    return pixels, torch.tensor(grids, device=model.device)
-
-
-def square_grid(tokens: int, merge: int):
-    """(1, h, w) with h = w, a multiple of the spatial merge, and h*w = tokens."""
-    side = math.isqrt(tokens)
-    if side * side != tokens or side % merge:
-        raise ValueError(f"{tokens} tokens is not a square image of side divisible by {merge}")
-    return [1, side, side]
-
-
-def output_tensors(out):
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, (tuple, list)) or hasattr(out, "to_tuple"):
-        for item in out.to_tuple() if hasattr(out, "to_tuple") else out:
-            yield from output_tensors(item)
-
-
-def step(model, pixels, grid_thw):
-    """Forward and a loss on every output tensor (so every used parameter gets a gradient)."""
-    out = model(pixels, grid_thw)
-    loss = sum(t.float().square().mean() for t in output_tensors(out))
-    return out, loss
-
-
-def _identity_rotary(q, k, cos, sin):
-    return q, k
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed_step(model, pixels, grid_thw):
@@ -134,7 +65,7 @@ def timed_step(model, pixels, grid_thw):
     t1 = time.perf_counter()
     if cuda:
         end.record()
-    _sync(pixels.device)
+    sync(pixels.device)
     t2 = time.perf_counter()
     wall = (t2 - t0) * 1e3
     return (start.elapsed_time(end) if cuda else wall), (t1 - t0) * 1e3, wall
@@ -211,7 +142,7 @@ def profile_step(model, pixels, grid_thw, path_stem: Path):
     with profile(activities=activities) as prof:
         model.zero_grad(set_to_none=True)
         step(model, pixels, grid_thw)[1].backward()
-        _sync(pixels.device)
+        sync(pixels.device)
     sort_by = "device_time_total" if cuda else "cpu_time_total"
     path_stem.with_suffix(".txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=25) + "\n")
     prof.export_chrome_trace(str(path_stem) + ".json.gz")
@@ -236,10 +167,9 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
     import kernels
 
     rope = kernels.get_kernel(repo_id, version=1, trust_remote_code=True)
-    family = "qwen3_omni_moe"
-    modeling = modeling_module(family)
+    modeling = modeling_module(OMNI)
     original = modeling.apply_rotary_pos_emb_vision
-    eager = make_vision_model(family, dtype=dtype, device=device, **model_config)
+    eager = make_vision_model(OMNI, dtype=dtype, device=device, **model_config)
     mode = kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE if compile else kernels.Mode.TRAINING
     kernelized = rope.integrations.kernelize_vision_rotary(
         copy.deepcopy(eager), mode=mode, device=device.type, repo_id=repo_id
@@ -259,7 +189,7 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
         # The rotary is a module global shared by every model of the family: each
         # variant installs its own before its steps.
         models = {"eager": eager, "kernelized": kernelized, "identity": eager}
-        rotaries = {"eager": original, "kernelized": layer, "identity": _identity_rotary}
+        rotaries = {"eager": original, "kernelized": layer, "identity": identity_rotary}
 
         def install(name):
             modeling.apply_rotary_pos_emb_vision = rotaries[name]
@@ -323,8 +253,7 @@ def paired_vs_bound(report, tokens):
 
 
 def markdown(report, meta) -> str:
-    from .output import markdown_table
-    from .runmeta import recorded_versions
+    from .output import markdown_table, recorded_versions
 
     # e2e.json files written before run_meta hold no "gpu": their "device" is the GPU's name or CPU
     where = meta.get("gpu", meta["device"]) or "CPU"
@@ -495,7 +424,7 @@ def add_arguments(parser):
 def main(args) -> int:
     if args.varres_child:
         result = varres.child(
-            args.varres_child, args.varres_sides, args.repo_id or _repo_id(), varres.model_config(args)
+            args.varres_child, args.varres_sides, args.repo_id or repo_id(), varres.model_config(args)
         )
         args.child_result.write_text(json.dumps(result))
         return 0
@@ -513,7 +442,7 @@ def main(args) -> int:
         saved = json.loads(args.from_json.read_text())
         print(markdown({k: v for k, v in saved.items() if k != "meta"}, saved["meta"]))
         return 0
-    from .runmeta import run_meta
+    from .output import run_meta
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
@@ -525,13 +454,13 @@ def main(args) -> int:
         raise cli.UsageError(f"--iters ({iters}) must be a multiple of --rounds ({rounds})")
     if args.compile and warmup < 1:
         raise cli.UsageError("--compile needs at least one warm-up step: it compiles each variant")
-    merge = make_config("qwen3_omni_moe", **config).spatial_merge_size
+    merge = make_config(OMNI, **config).spatial_merge_size
     for n in tokens:
         try:
             square_grid(n, merge)
         except ValueError as e:
             raise cli.UsageError(f"--tokens: {e}") from None
-    args.repo_id = args.repo_id or _repo_id()
+    args.repo_id = args.repo_id or repo_id()
     args.out.mkdir(parents=True, exist_ok=True)
     results, frames = run(
         tokens=tokens,
@@ -565,9 +494,3 @@ def main(args) -> int:
     (args.out / "e2e.md").write_text(md)
     print(f"wrote {args.out / 'e2e.json'} and {args.out / 'e2e.md'}")
     return 0
-
-
-def _repo_id():
-    from .build import repo_id
-
-    return repo_id()

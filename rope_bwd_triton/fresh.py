@@ -1,5 +1,6 @@
 """A command's child run in a fresh process with empty Triton and inductor caches, as a new
-training run starts: coldstart runs each implementation so, e2e --varres each variant."""
+training run starts: overhead runs each implementation so (and each fast-launch setting),
+e2e --varres each variant."""
 
 import argparse
 import json
@@ -17,15 +18,16 @@ def add_result_argument(parser):
     parser.add_argument(RESULT, type=Path, help=argparse.SUPPRESS)
 
 
-def run_fresh(argv, workdir: Path, name: str) -> dict:
+def run_fresh(argv, workdir: Path, name: str, **env) -> dict:
     """`python -m rope_bwd_triton <argv> --child-result FILE` in a new process whose Triton and
-    inductor caches are new folders under workdir: the JSON the child wrote to FILE, or
-    {"error": the last line of its stderr}."""
+    inductor caches are new folders under workdir, `env` added to its environment: the JSON the
+    child wrote to FILE, or {"error": the last line of its stderr}."""
     result = workdir / f"{name}.json"
     env = dict(
         os.environ,
         TRITON_CACHE_DIR=str(workdir / f"triton-{name}"),
         TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{name}"),
+        **env,
     )
     proc = subprocess.run(
         [sys.executable, "-m", "rope_bwd_triton", *argv, RESULT, str(result)],

@@ -25,7 +25,7 @@ def load_kernel(build: bool = True):
 
 
 def submodule(kernel, name: str):
-    """A module of the loaded variant that its __init__ does not import (e.g. rotary_triton)."""
+    """A module of the loaded variant that its __init__ does not import (e.g. launch)."""
     return importlib.import_module(f"{kernel.__name__}.{name}")
 
 

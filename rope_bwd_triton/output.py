@@ -1,9 +1,66 @@
-"""What the commands' written results share: markdown tables, and plots, which are skipped
-with a notice where matplotlib is not installed (the command writes its other results all
-the same)."""
+"""What the commands' recorded results share: the run's own description ("meta"), markdown
+tables, and plots, which are skipped with a notice where matplotlib is not installed (the
+command writes its other results all the same)."""
 
+import importlib.metadata
+import platform
+import shlex
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
+
+CPU_NOTE = "CPU run: code-path check only, the timings mean nothing"
+
+
+def versions() -> dict:
+    import torch
+    import triton
+
+    found = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+    }
+    for dist in ("kernels", "liger-kernel", "transformers"):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
+
+
+def run_meta(device, *, kernel=None, timer=None, **fields) -> dict:
+    """What a recorded run says about itself, so that it can be read and redone: date (UTC),
+    command, device, versions; on CUDA the GPU's name, SM count and L2 size, on the CPU gpu
+    None and a note. kernel: the loaded variant, recorded by name; timer: the
+    timing.ColdL2Timer, its calls and methods. Then the command's own `fields`."""
+    import torch
+
+    device = torch.device(device)
+    meta = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
+        "device": str(device),
+        "versions": versions(),
+    }
+    if kernel is not None:
+        meta["kernel_variant"] = kernel.__name__
+    if timer is not None:
+        meta.update(calls=timer.calls, timer=timer.method, timer_other=timer.other)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
+    else:
+        meta.update(gpu=None, note=CPU_NOTE)
+    meta.update(fields)
+    return meta
+
+
+def recorded_versions(meta) -> dict:
+    """The versions in a saved run's meta: e2e.json files written before run_meta hold them
+    flat (benchmarks/RESULTS.md renders those files again with `e2e --from-json`)."""
+    return meta.get("versions", meta)
 
 
 def markdown_table(header, rows) -> str:

@@ -1,5 +1,10 @@
 """Publish the built variants and the card to the Hub, or install them offline.
 
+The card (CARD.md, the README.md of the Hub repository's main branch) is written first, in
+every mode, from README.md's card part, so that the facts both state have one source:
+README.md between `<!-- card:start -->` and `<!-- card:end -->`, under the card's front
+matter (library_name: kernels, which the Hub's kernels listing reads).
+
 What goes where is the layout of kernel-builder's `upload` command (which the
 release workflow runs on kernel-builder's own build):
     branch main           CARD.md                    ->  README.md        (the Hub page)
@@ -9,6 +14,8 @@ and, on v<version>, the files under those variants and the benchmarks/benchmark*
 that the upload does not hold are deleted. `kernels.get_kernel(repo_id, version=<version>)`
 reads branch v<version>; the version comes from build.toml.
 
+    --card-only    write the card and stop
+    --check-card   exit 1 if CARD.md is not README.md's card part; writes nothing
     --dry-run      print every operation; no network
     (default)      upload with huggingface_hub: branch v<version> created first (from
                    main, as kernel-builder does), then one commit per branch
@@ -20,6 +27,7 @@ reads branch v<version>; the version comes from build.toml.
 
 import hashlib
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,6 +37,30 @@ from .build import repo_id as default_repo_id
 
 REPO_TYPE = "kernel"  # kernels downloads with snapshot_download(repo_type="kernel")
 CARD_BRANCH = "main"
+CARD = REPO_ROOT / "CARD.md"
+FRONT_MATTER = """---
+library_name: kernels
+license: apache-2.0
+tags:
+  - kernels
+  - triton
+  - rotary-embedding
+  - vision
+---
+"""
+START, END = "<!-- card:start -->", "<!-- card:end -->"
+
+
+def render_card(readme: str) -> str:
+    try:
+        body = readme.split(START, 1)[1].split(END, 1)[0]
+    except IndexError:
+        raise cli.UsageError(f"README.md has no part between {START} and {END}") from None
+    return f"{FRONT_MATTER}\n# rope-bwd\n\n{body.strip()}\n"
+
+
+def card_text() -> str:
+    return render_card((REPO_ROOT / "README.md").read_text())
 
 
 def branch(root: Path = REPO_ROOT) -> str:
@@ -45,7 +77,7 @@ def operations(root: Path = REPO_ROOT, build: Path | None = None) -> dict[str, l
             for p in variant.rglob("*")
             if p.is_file() and "__pycache__" not in p.parts
         ]
-    return {CARD_BRANCH: [(root / "CARD.md", "README.md")], branch(root): sorted(version_files, key=lambda f: f[1])}
+    return {CARD_BRANCH: [(CARD, "README.md")], branch(root): sorted(version_files, key=lambda f: f[1])}
 
 
 def stale_patterns(files) -> list[str]:
@@ -122,19 +154,38 @@ def add_arguments(parser):
         help="Hub repository, <namespace>/<name> (default: [general.hub] repo-id of build.toml)",
     )
     mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--card-only", action="store_true", help=f"write {CARD.name} from README.md's card part; no more")
+    mode.add_argument(
+        "--check-card", action="store_true", help=f"exit 1 if {CARD.name} is not README.md's card part; write nothing"
+    )
     mode.add_argument("--dry-run", action="store_true", help="print every operation of the upload; no network")
     mode.add_argument("--to-cache", type=Path, metavar="DIR", help="install into a Hub-cache layout instead")
 
 
+def _shown(path: Path) -> Path:
+    return path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+
+
 def main(args) -> int:
     repo_id = args.repo_id or default_repo_id()
+    if args.check_card:
+        if CARD.read_text() != card_text():
+            print(
+                f"publish: {CARD} is out of date; run `python -m rope_bwd_triton publish --card-only`", file=sys.stderr
+            )
+            return 1
+        return 0
+    CARD.write_text(card_text())
+    print(f"wrote {CARD}")
+    if args.card_only:
+        return 0
     ops = operations()
     if args.dry_run:
         print(f"would upload to {REPO_TYPE} repository {repo_id} (kernel-builder's upload layout):")
         for ref, files in ops.items():
             print(f"branch {ref}:")
             for src, rel in files:
-                print(f"  add {src.relative_to(REPO_ROOT)} -> {rel}")
+                print(f"  add {_shown(src)} -> {rel}")
             if ref != CARD_BRANCH:
                 print(f"  delete files matching {', '.join(stale_patterns(files))} that are not added above")
     elif args.to_cache:

@@ -1,4 +1,5 @@
-"""`python -m rope_bwd_triton realcall`: the call a Qwen vision encoder's training step makes, timed.
+"""`python -m rope_bwd_triton bench --preset realcall`: the call a Qwen vision encoder's
+training step makes, timed.
 
 The call: q and k are views of one packed qkv [S, 3, H, D] (bf16 or fp16), cos and sin
 [S, D] fp32 come from a buffer (no gradient); the forward runs, then the backward of q
@@ -9,23 +10,21 @@ the bench times it (timing.py).
 
 Implementations: ours (loaded through kernels.get_kernel), transformers' eager function,
 torch.compile of it (one compilation per shape), Liger-Kernel's vision rotary, and
-optionally another build of ours (--ab, for A/B comparisons in one process). The
+optionally other builds of ours (--ab, for A/B comparisons in one process). The
 reference is a copy of the same bytes in the same number of launches: one device copy
 of the forward's bytes and one of the backward's.
 """
 
-import json
 import statistics
 import sys
-from pathlib import Path
 
-from . import REPO_ROOT, cli, output
+from . import output, suite
+from .measure import ab_name
 
 LAYOUTS = ("sdpa", "flash")
 SEQ_LENS = (256, 1024, 4096, 16384, 65536)
 HEAD_DIMS = (72, 80, 128)
 PEERS = ("copy", "compile", "liger", "transformers")
-QUICK = {"seq_lens": (8, 33), "head_dims": (8,), "heads": 2, "calls": 3}
 
 
 def make_inputs(S, H, D, dtype, layout, device, generator):
@@ -88,10 +87,10 @@ class Copies:
         return all(torch.equal(src, dst) for src, dst in self.pairs)
 
 
-def _transformers_fn():
-    from .e2e import modeling_module
+def transformers_fn():
+    from .models import modeling_module
 
-    return modeling_module("qwen3_omni_moe").apply_rotary_pos_emb_vision
+    return modeling_module().apply_rotary_pos_emb_vision
 
 
 def implementations(kernel, others, peers):
@@ -99,11 +98,11 @@ def implementations(kernel, others, peers):
     `others`: other builds of ours (A/B), named ab, ab2, ..."""
     impls = {"ours": ("ours", kernel.apply_rotary_pos_emb_vision)}
     for i, other in enumerate(others):
-        impls["ab" if i == 0 else f"ab{i + 1}"] = (f"A/B: {other.__name__}", other.apply_rotary_pos_emb_vision)
+        impls[ab_name(i)] = (f"A/B: {other.__name__}", other.apply_rotary_pos_emb_vision)
     if "compile" in peers:
         from .peers import compiled
 
-        impls["compile"] = ("torch.compile(transformers)", compiled(_transformers_fn()))
+        impls["compile"] = ("torch.compile(transformers)", compiled(transformers_fn()))
     if "liger" in peers:
         try:
             from liger_kernel.transformers.rope import liger_rotary_pos_emb_vision
@@ -112,38 +111,32 @@ def implementations(kernel, others, peers):
         if liger_rotary_pos_emb_vision is not None:
             impls["liger"] = ("Liger-Kernel", liger_rotary_pos_emb_vision)
     if "transformers" in peers:
-        impls["transformers"] = ("transformers (eager)", _transformers_fn())
+        impls["transformers"] = ("transformers (eager)", transformers_fn())
     return impls
 
 
-def _verify(last, x, rows, dtype_name):
-    """(q_embed, k_embed, dq, dk) on token rows against float64 autograd of the math."""
+def reference(x, rows):
+    """(q_embed, k_embed, dq, dk) on token rows by float64 autograd of the math."""
     import torch
-
-    from . import suite
 
     pick = rows.to(x["q"].device)
     leaves = [x[n].detach()[pick].cpu().double().requires_grad_() for n in ("q", "k")]
     tables = [x[n][pick].cpu().double() for n in ("cos", "sin")]
     outs = suite.reference_vision_forward(*leaves, *tables)
-    grads = torch.autograd.grad(outs, leaves, [x[n][pick].cpu().double() for n in ("gq", "gk")])
-    err = max(suite.rel_err(o[pick], r) for o, r in zip(last, (*outs, *grads)))
-    return {"max_rel_err": err, "ok": err <= suite.TOLERANCE[dtype_name]}
+    return (*outs, *torch.autograd.grad(outs, leaves, [x[n][pick].cpu().double() for n in ("gq", "gk")]))
 
 
-def measure(args) -> dict:
+def measure(args, kernel, others=()) -> dict:
+    """The run `args` (bench's resolved arguments) ask for, of the loaded package `kernel` and
+    of other builds of it (`others`, --ab)."""
     import torch
     from tqdm import tqdm
 
-    from .bench import _rows
-    from .load import load_kernel, load_other
-    from .runmeta import run_meta
+    from .output import run_meta
     from .timing import ColdL2Timer
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    kernel = load_kernel()
-    others = [load_other(path) for path in args.ab or ()]
-    timer = ColdL2Timer(device, calls=args.calls, primary="span" if device.type == "cuda" else "events")
+    device = torch.device(args.device)
+    timer = ColdL2Timer(device, calls=args.calls, primary=args.timer)
     impls = implementations(kernel, others, set(args.peers))
     workloads = [
         (dt, D, lay, S) for dt in args.dtypes for D in args.head_dims for lay in args.layouts for S in args.seq_lens
@@ -156,7 +149,8 @@ def measure(args) -> dict:
             dtype = getattr(torch, dtype_name)
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + S * 1009 + D)
             x = make_inputs(S, args.heads, D, dtype, layout, device, gen)
-            rows = _rows(S, args.verify_tokens, args.seed + S)
+            rows = suite.verify_rows(S, args.verify_tokens, args.seed + S)
+            refs = reference(x, rows)
             nbytes = floor_bytes(S, args.heads, D, dtype.itemsize)
             entry = {
                 "dtype": dtype_name,
@@ -174,7 +168,7 @@ def measure(args) -> dict:
                 bar.set_postfix_str(f"{dtype_name} D={D} {layout} S={S} {name}")
                 try:
                     call()
-                    check = {"ok": call.ok()} if name == "copy" else _verify(call.last, x, rows, dtype_name)
+                    check = {"ok": call.ok()} if name == "copy" else suite.judge(call.last, refs, dtype_name, rows)
                     stats = timer(call)
                     entry["results"][name] = {"time": stats.as_dict(), "verify": check}
                     if not check["ok"]:
@@ -197,7 +191,11 @@ def _us(entry, name):
     return r["time"]["mean_us"] if "time" in r else None
 
 
-def markdown(run) -> str:
+def render_markdown(runs) -> str:
+    return "\n".join(_markdown(run) for run in runs)
+
+
+def _markdown(run) -> str:
     meta, labels = run["meta"], run["labels"]
     names = [n for n in labels if n != "ours"]
     header = ["dtype", "D", "grad layout", "S", "ours us"]
@@ -211,12 +209,7 @@ def markdown(run) -> str:
             t = _us(w, n)
             row += [f"{t:.1f}" if t else "—", f"{ours / t:.3f}" if t and ours else "—"]
         rows.append(row)
-    fails = [
-        f"{n} {w['dtype']} D={w['D']} {w['layout']} S={w['S']}"
-        for w in run["workloads"]
-        for n, r in w["results"].items()
-        if "error" in r or not r.get("verify", {}).get("ok", True)
-    ]
+    fails = suite.failures([run], workload_name, prefixes=("",))  # every implementation
     gpu = meta.get("gpu") or f"{meta['device']} ({meta.get('note', '')})"
     lines = [
         f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
@@ -237,87 +230,34 @@ def markdown(run) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_plot(run, path, plt):
-    groups = sorted({(w["dtype"], w["D"], w["layout"]) for w in run["workloads"]})
+def render_plot(runs, path) -> bool:
+    """ours / copy against S per dtype, head_dim and layout; False where matplotlib is missing."""
+    plt = output.pyplot("bench", path)
+    if plt is None:
+        return False
     fig, ax = plt.subplots(figsize=(8, 5))
-    for dtype, D, layout in groups:
-        ws = sorted(
-            (w for w in run["workloads"] if (w["dtype"], w["D"], w["layout"]) == (dtype, D, layout)),
-            key=lambda w: w["S"],
-        )
-        pts = [(w["S"], _us(w, "ours") / _us(w, "copy")) for w in ws if _us(w, "ours") and _us(w, "copy")]
-        if pts:
-            ax.plot(*zip(*pts), "-o", ms=3, label=f"{dtype} D={D} {layout}")
+    for i, run in enumerate(runs):
+        for dtype, D, layout in sorted({(w["dtype"], w["D"], w["layout"]) for w in run["workloads"]}):
+            ws = sorted(
+                (w for w in run["workloads"] if (w["dtype"], w["D"], w["layout"]) == (dtype, D, layout)),
+                key=lambda w: w["S"],
+            )
+            pts = [(w["S"], _us(w, "ours") / _us(w, "copy")) for w in ws if _us(w, "ours") and _us(w, "copy")]
+            if pts:
+                run_label = f"run {i + 1}: " if len(runs) > 1 else ""
+                ax.plot(*zip(*pts), "-o", ms=3, label=f"{run_label}{dtype} D={D} {layout}")
     ax.axhline(1.0, color="k", ls="--", lw=1, label="copy of the same bytes")
     ax.set(
         xscale="log",
         xlabel="S (tokens)",
         ylabel="ours / copy (time)",
-        title=f"real call, forward + backward, {run['meta'].get('gpu') or 'CPU (meaningless)'}",
+        title=f"real call, forward + backward, {runs[0]['meta'].get('gpu') or 'CPU (meaningless)'}",
     )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     output.save_figure(fig, path)
+    return True
 
 
-def add_arguments(parser):
-    out = REPO_ROOT / "results"
-    parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+", default=list(SEQ_LENS))
-    parser.add_argument("--head-dims", type=cli.head_dim, nargs="+", default=list(HEAD_DIMS))
-    parser.add_argument("--heads", type=cli.positive_int, default=16)
-    parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), default=["bfloat16"])
-    parser.add_argument(
-        "--layouts",
-        nargs="+",
-        choices=LAYOUTS,
-        default=list(LAYOUTS),
-        help="upstream gradient: sdpa's [1, H, S, D] transposed, or flash-attention's [S, H, D]",
-    )
-    parser.add_argument(
-        "--peers",
-        type=cli.subset_of(PEERS, "peers"),
-        default=list(PEERS),
-        help=f"comma-separated subset of {','.join(PEERS)}",
-    )
-    parser.add_argument(
-        "--ab", type=Path, nargs="+", help="also time other builds of ours: checkouts with build/ (A/B in one process)"
-    )
-    parser.add_argument("--calls", type=cli.positive_int, default=40)
-    parser.add_argument("--verify-tokens", type=cli.positive_int, default=2048)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", type=cli.device, help="default: cuda if available, else cpu")
-    parser.add_argument("--quick", action="store_true", help=f"tiny CPU-friendly run of the code path ({QUICK})")
-    parser.add_argument("--json", type=Path, default=out / "realcall.json")
-    parser.add_argument("--markdown", type=Path, default=out / "realcall.md")
-    parser.add_argument("--plot", type=Path, default=out / "realcall.png")
-
-
-def main(args) -> int:
-    if args.quick:
-        args.seq_lens, args.head_dims, args.heads, args.calls = (
-            list(QUICK["seq_lens"]),
-            list(QUICK["head_dims"]),
-            QUICK["heads"],
-            QUICK["calls"],
-        )
-    missing = [str(p) for p in args.ab or () if not (p / "build").is_dir()]
-    if missing:
-        raise cli.UsageError(f"--ab: no build/ in {', '.join(missing)} (run `python -m rope_bwd_triton build` there)")
-    run = measure(args)
-    for path in (args.json, args.markdown, args.plot):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(run, indent=1) + "\n")
-    text = markdown(run)
-    args.markdown.write_text(text)
-    plt = output.pyplot("realcall", args.plot)
-    if plt:
-        render_plot(run, args.plot, plt)
-    print(text)
-    print(f"wrote {args.json}, {args.markdown} and {args.plot}")
-    failed = [
-        r
-        for w in run["workloads"]
-        for n, r in w["results"].items()
-        if (n == "ours" or n.startswith("ab")) and ("error" in r or not r["verify"]["ok"])
-    ]
-    return 1 if failed else 0
+def workload_name(w) -> str:
+    return f"{w['dtype']} D={w['D']} {w['layout']} S={w['S']}"

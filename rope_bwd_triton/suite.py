@@ -42,3 +42,45 @@ def floor_bytes(S, H=HEADS, D=HEAD_DIM, *, elem=4, table_elem=4, mode="bwd", HK=
     if mode in ("bwd_qk", "fwd"):
         return 2 * big + S * D * table_elem
     raise ValueError(f"unknown mode {mode!r}")
+
+
+def judge(outputs, refs, dtype_name, rows) -> dict:
+    """Outputs on token `rows` against their float64 references: relative error per output, the
+    worst, SOL-ExecBench's pass fraction, and ok: within TOLERANCE of the outputs' dtype with
+    SOL-ExecBench's rule met on at least SOL_MIN_PASS of the elements."""
+    picked = [o[rows.to(o.device)] for o in outputs]
+    errs = [rel_err(o, r) for o, r in zip(picked, refs)]
+    passes = min(sol_pass_fraction(o, r) for o, r in zip(picked, refs))
+    worst, tolerance = max(errs), TOLERANCE[dtype_name]
+    return {
+        "rel_err": errs,
+        "max_rel_err": worst,
+        "sol_pass_fraction": passes,
+        "tolerance": tolerance,
+        "ok": worst <= tolerance and passes >= SOL_MIN_PASS,
+        "rows": len(rows),
+    }
+
+
+def verify_rows(S, n, seed):
+    """Token rows to verify (tokens are independent): all of them, or n spread at random
+    including the first and last."""
+    import torch
+
+    if S <= n:
+        return torch.arange(S)
+    pick = torch.randperm(S - 2, generator=torch.Generator().manual_seed(seed))[: n - 2] + 1
+    return torch.cat((torch.tensor([0, S - 1]), pick)).sort().values
+
+
+def failures(runs, where, prefixes=("ours", "ab")) -> list:
+    """ "<implementation> <where(workload)>" of each result in the runs that failed verification or
+    did not run, of the implementations whose names start with one of `prefixes` (by default ours
+    and the other builds of ours, --ab)."""
+    return [
+        f"{name} {where(w)}"
+        for run in runs
+        for w in run["workloads"]
+        for name, r in w["results"].items()
+        if name.startswith(prefixes) and ("error" in r or not r.get("verify", {}).get("ok", True))
+    ]

@@ -22,7 +22,7 @@ rides along in `Stats.other`. Means are over the calls of one `timer(fn)`.
 The span is the events' time less the launch latency after the flush, and the
 profiler hardly moves the events; but it costs host time: CUPTI starts in the
 first profiled call of a process, and every `timer(fn)` takes longer under it
-(NOTES.md, RESULTS.md). A caller that times many candidates and needs only the
+(docs/design.md, section 7). A caller that times many candidates and needs only the
 events can pass `profile=False`.
 
 On a CPU device the same interface times wall clock without a cache flush and
@@ -30,7 +30,7 @@ without a profiler (`Stats.other` is None): only there to exercise the code
 path, the numbers mean nothing.
 
 `interleave` takes turns round by round, for the commands that time several
-things by the host's clock or over whole steps (host, e2e).
+things by the host's clock or over whole steps (overhead, e2e).
 """
 
 import contextlib
@@ -94,7 +94,7 @@ def rope_bench_cold_l2_flush(ptr, n, BLOCK: tl.constexpr):
     Why two passes: lines that a kernel loaded with evict_last priority (inductor's kernels
     load broadcast and re-read operands that way) outlive stores of the default priority, of
     any volume: after a one-pass flush a copy whose source had been read with evict_last ran
-    faster than on fresh buffers (RESULTS.md, "The cold-L2 flush"). Stores of evict_last
+    faster than on fresh buffers (benchmarks/RESULTS.md, the cold-L2 check). Stores of evict_last
     priority displace those lines; the second pass gives the buffer's lines the default
     priority back, so that the timed call's own loads evict them as usual (the copy then
     takes its fresh-buffer time). Programs start in about the order of their ids, so the
@@ -340,7 +340,7 @@ def flush_check(timer: ColdL2Timer, nbytes: int = 8 << 20) -> dict:
     """Whether the flush evicts lines of evict_last priority: a copy of nbytes timed on fresh
     buffers, then on fresh buffers whose source was first read with evict_last. A flush that
     leaves those lines in L2 makes the second faster (as one pass of default-priority stores
-    did: RESULTS.md); ratio = second / first."""
+    did); ratio = second / first."""
 
     def copy(src, dst, eviction):
         rope_bench_copy[(triton.cdiv(src.numel(), FLUSH_BLOCK),)](

@@ -1,7 +1,9 @@
 """`python -m rope_bwd_triton tune`: search launch configurations on this GPU and
-write torch-ext/rope_bwd/configs/<GPU name>.json (<GPU name>.from-triton-3.7.json under
-Triton 3.7 and later; merged with what is there), which the package reads at run time
-(tuning.config_for): no autotuning at a user's call.
+write them into torch-ext/rope_bwd/configs/<GPU name>.json, which the package reads at run
+time (tuning.get_config): no autotuning at a user's call. That file holds one table per
+Triton version ({"3.6": {bucket: config}, ...}; a Triton uses the newest table not newer
+than itself); the results go into the installed Triton's table, which starts as a copy of
+the newest older one where it is absent, and the buckets it already has are kept.
 
 For each bucket (mode x dtype x head_dim x S bucket, heads fixed) the search
 starts at the package's current configuration (the shipped tuned one, else
@@ -9,7 +11,8 @@ default_config) and improves one parameter at a time
 (BLOCK_D, BLOCK_R, BLOCK_S, then num_warps; at most two rounds), or with --grid tries
 every candidate (slower, but finds joint optima the coordinate search misses), timing each
 candidate with the cold-L2 timer of the benchmark on representative S values of
-the bucket (or the S of --seq-lens). The score of a candidate is its mean time relative
+the bucket (or the S of --seq-lens), launched through launch.launch_fwd/launch_bwd with
+the candidate as their configuration. The score of a candidate is its mean time relative
 to the starting configuration's, averaged over those S. With --shared the winner of a
 search over several buckets' sizes is written to each of them (one kernel for all). A
 candidate is first checked against the float64 reference on the smallest S, and rejected
@@ -19,7 +22,7 @@ rewritten after each bucket, so an interrupted run keeps what it finished.
 
 On a GPU, worker processes (--jobs) first compile every candidate of the grid into
 Triton's on-disk cache (for at most half the budget), so that the search itself only
-loads them: compiled one at a time, the compiles took most of a search (NOTES.md).
+loads them: compiled one at a time, the compiles took most of a search.
 """
 
 import json
@@ -38,7 +41,7 @@ BLOCK_S = (1, 2, 4, 8)
 NUM_WARPS = (1, 2, 4, 8)
 MAX_TILE = 8192  # elements of a BLOCK_S x BLOCK_R x BLOCK_D tile; more only spills registers
 # Channels of one half tile (BLOCK_S x BLOCK_R/2 x BLOCK_D) per thread: past 32 the tile spills,
-# and Triton 3.6 compiled some such tiles very slowly (NOTES.md).
+# and Triton 3.6 compiled some such tiles very slowly.
 MAX_PER_THREAD = 32
 SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")  # what a tuned entry holds
 VERIFY_ROWS = 256
@@ -88,13 +91,21 @@ def _key(cfg):
     return tuple(cfg[k] for k in SEARCHED)
 
 
-def merge_write(path: Path, tuned: dict) -> dict:
-    """Write tuned buckets into the JSON file at path, keeping the buckets it already has."""
-    table = json.loads(path.read_text()) if path.exists() else {}
-    table.update(tuned)
+def _version(key: str) -> tuple:
+    return tuple(int(n) for n in key.split("."))
+
+
+def merge_write(path: Path, tuned: dict, version: str):
+    """Write tuned buckets into the table of Triton `version` in the JSON file at path, keeping
+    the buckets that table has; an absent table starts as a copy of the newest older one."""
+    tables = json.loads(path.read_text()) if path.exists() else {}
+    if version not in tables:
+        older = [v for v in tables if _version(v) < _version(version)]
+        tables[version] = dict(tables[max(older, key=_version)]) if older else {}
+    tables[version].update(tuned)
+    tables = {v: dict(sorted(tables[v].items())) for v in sorted(tables, key=_version)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
-    return table
+    path.write_text(json.dumps(tables, indent=1) + "\n")
 
 
 class Bucket:
@@ -104,7 +115,7 @@ class Bucket:
         from .load import submodule
 
         self.timer, self.mode, self.dtype = timer, mode, dtype
-        self.rt = submodule(kernel, "rotary_triton")
+        self.launch = submodule(kernel, "launch")
         self.cases = []
         for i, S in enumerate(seq_lens):
             data = data_for(S)
@@ -128,13 +139,16 @@ class Bucket:
     def _run(self, x, out, cfg):
         if self.mode == "fwd":
             q, k, emb = x
-            self.rt.launch_fwd(q, k, emb, None, *out, config=cfg)
-        elif self.mode == "bwd":
-            gq, gk, q, k, emb = x
-            self.rt.launch_bwd(gq, gk, emb, None, dq=out[0], dk=out[1], q=q, k=k, dtable=out[2], config=cfg)
+            self.launch.launch_fwd(q=q, k=k, q_out=out[0], k_out=out[1], angles=emb, config=cfg)
+            return
+        gq, gk, *rest = x
+        grads = dict(grad_q_embed=gq, grad_k_embed=gk, grad_q=out[0], grad_k=out[1], config=cfg)
+        if self.mode == "bwd":
+            q, k, emb = rest
+            self.launch.launch_bwd(**grads, q=q, k=k, angles=emb, grad_angles=out[2])
         else:
-            gq, gk, cos, sin = x
-            self.rt.launch_bwd(gq, gk, cos, sin, dq=out[0], dk=out[1], config=cfg)
+            cos, sin = rest
+            self.launch.launch_bwd(**grads, cos=cos, sin=sin)
 
     def correct(self, cfg) -> bool:
         from . import suite
@@ -202,8 +216,8 @@ def target_keys(tuning, mode, seq_lens, R, D, elem, layout, shared):
 
 
 def _inputs(H, device, seed):
-    """data_for(D)(S) -> bench.Data, drawn once per (S, D): drawing costs more than timing at large S."""
-    from .bench import Data
+    """data_for(D)(S) -> measure.Data, drawn once per (S, D): drawing costs more than timing at large S."""
+    from .measure import Data
 
     cache = {}
 
@@ -258,18 +272,16 @@ def precompile(jobs, H, seed, n_proc, deadline, layout=""):
 def run(args) -> dict:
     import torch
 
-    from .load import load_kernel
-    from .runmeta import run_meta
+    from .load import load_kernel, submodule
+    from .output import run_meta
     from .timing import ColdL2Timer
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kernel = load_kernel()
-    tuning = kernel.tuning
+    tuning = submodule(kernel, "tuning")
     name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
-    out = (
-        args.out
-        or REPO_ROOT / "torch-ext" / "rope_bwd" / "configs" / tuning.device_file(name, tuning.later_triton()).name
-    )
+    out = args.out or REPO_ROOT / "torch-ext" / "rope_bwd" / "configs" / tuning.config_file(name).name
+    version = tuning.triton_version()
     # CUDA events by default: they rank candidates, and the profiler's host cost eats budget
     timer = ColdL2Timer(device, calls=args.calls, warmup=2, primary=args.timer, profile=args.timer == "span")
     H = args.heads
@@ -281,11 +293,12 @@ def run(args) -> dict:
         key=lambda j: priority(j[1], j[2]),
     )
     start = time.monotonic()
-    # "device" names the table file (tuning.device_file)
+    # "device" names the table file (tuning.config_file), "triton" its table in there
     report = {
         "meta": run_meta(device, kernel=kernel, timer=timer),
         "device": name,
         "out": str(out),
+        "triton": version,
         "buckets": {},
         "not_tuned": [],
     }
@@ -313,7 +326,7 @@ def run(args) -> dict:
             report["not_tuned"].append(key)
             continue
         print(f"[{i + 1}/{len(jobs)} {elapsed:5.0f}s] {key} at S={','.join(map(str, seq_lens))}", flush=True)
-        current = tuning.config_for(mode, seq_lens[0], H, H, D, elem, device, args.layout)
+        current = tuning.get_config(mode, seq_lens[0], H, H, D, elem, device, args.layout)
         bucket = Bucket(kernel, timer, mode, dtype, seq_lens, data_for(D), args.layout)
         log = []
         best, score, base_times = tune_bucket(bucket, current, D, 2 * H, log, grid_search=args.grid)
@@ -331,7 +344,7 @@ def run(args) -> dict:
             print(f"    no candidate passed the check; {key} keeps the package's rule", file=sys.stderr)
         else:
             print(f"    best {best}: {score:.3f}x the time of {current} ({len(log)} candidates)", flush=True)
-            merge_write(out, dict.fromkeys(keys, best))
+            merge_write(out, dict.fromkeys(keys, best), version)
         write_log(args.log, report)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -402,7 +415,9 @@ def add_arguments(parser):
     parser.add_argument(
         "--device", type=cli.device, help="default: cuda if available, else cpu (only with TRITON_INTERPRET=1)"
     )
-    parser.add_argument("--out", type=Path, help="default: torch-ext/rope_bwd/configs/<GPU name>.json")
+    parser.add_argument(
+        "--out", type=Path, help="default: torch-ext/rope_bwd/configs/<GPU name>.json (this Triton's table in it)"
+    )
     parser.add_argument(
         "--log", type=Path, default=REPO_ROOT / "results" / "tune.json", help="every candidate's score, per bucket"
     )

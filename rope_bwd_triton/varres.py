@@ -1,7 +1,7 @@
 """`python -m rope_bwd_triton e2e --varres`: training on images of varying resolution.
 
 Each variant of the rotary runs in a fresh process with empty Triton and inductor caches,
-as a new training run starts: a random-init Qwen3-Omni vision encoder (e2e.py's model)
+as a new training run starts: a random-init Qwen3-Omni vision encoder (models.py)
 takes one training step (forward + backward) per image over a list of image sizes, twice.
 The first pass pays every compilation a variant needs; the second shows the steady state.
 Wall time per step, until the device is done.
@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import models
 from .fresh import run_fresh
 
 VARIANTS = ("eager", "identity", "liger", "kernelized", "compiled")
@@ -28,11 +29,9 @@ def _install(variant, model, repo_id, device):
     """Puts `variant`'s rotary into the model (or compiles it); returns the model to step."""
     import kernels
 
-    from . import e2e
-
-    modeling = e2e.modeling_module("qwen3_omni_moe")
+    modeling = models.modeling_module()
     if variant == "identity":
-        modeling.apply_rotary_pos_emb_vision = e2e._identity_rotary
+        modeling.apply_rotary_pos_emb_vision = models.identity_rotary
     elif variant == "liger":
         from liger_kernel.transformers.rope import liger_rotary_pos_emb_vision
 
@@ -53,21 +52,19 @@ def child(variant, sides, repo_id, config) -> dict:
     machine without CUDA it runs on the CPU (a code-path check: the times mean nothing)."""
     import torch
 
-    from . import e2e
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = e2e.make_vision_model("qwen3_omni_moe", dtype=torch.bfloat16, device=device, **config)
+    model = models.make_vision_model(models.OMNI, dtype=torch.bfloat16, device=device, **config)
     model = _install(variant, model, repo_id, device)
-    images = [e2e.make_images(model, [[1, s, s]], seed=i) for i, s in enumerate(sides)]
+    images = [models.make_images(model, [[1, s, s]], seed=i) for i, s in enumerate(sides)]
     passes = []
     for _ in range(2):
         times = []
         for pixels, grid in images:
             model.zero_grad(set_to_none=True)
-            e2e._sync(pixels.device)
+            models.sync(pixels.device)
             t0 = time.perf_counter()
-            e2e.step(model, pixels, grid)[1].backward()
-            e2e._sync(pixels.device)
+            models.step(model, pixels, grid)[1].backward()
+            models.sync(pixels.device)
             times.append((time.perf_counter() - t0) * 1e3)
         passes.append(times)
     return {"variant": variant, "passes": passes, "tokens": [s * s for s in sides]}
@@ -99,16 +96,14 @@ def run(args, save=None) -> dict:
 
 
 def model_config(args) -> dict:
-    """The encoder: e2e's real width at --depth, or its tiny one with --quick."""
-    from . import e2e
-
-    return e2e.QUICK_OMNI if args.quick else {**e2e.REAL_OMNI, "depth": args.depth}
+    """The encoder: the real width at --depth, or the tiny one with --quick."""
+    return models.QUICK_OMNI if args.quick else {**models.REAL_OMNI, "depth": args.depth}
 
 
 def _meta(args) -> dict:
     import torch
 
-    from .runmeta import run_meta
+    from .output import run_meta
 
     model = ", ".join(f"{k} {v}" for k, v in model_config(args).items()) + ", bf16, sdpa, one image per step"
     return run_meta("cuda" if torch.cuda.is_available() else "cpu", model=model)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The main job, on a fresh machine too: sets up .venv, builds the Hub variants,
-# loads the kernel through kernels.get_kernel, runs and verifies the 16 public
-# workloads, prints a table and writes results/demo.json and results/demo.png.
+# The main job, on a fresh machine too: sets up .venv, builds the Hub variants, loads the
+# kernel through kernels.get_kernel, verifies every token row of the 16 public workloads
+# against float64 and times rope_bwd on them (the bench's suite preset, ours' full backward
+# alone), prints a table and writes results/demo.json, demo.md and demo.png. Without a GPU
+# it runs the package's CPU path and says so. Extra arguments go to bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m rope_bwd_triton demo "$@"
+.venv/bin/python -m rope_bwd_triton bench --preset suite --set suite --tasks bwd --peers "" \
+  --json results/demo.json --markdown results/demo.md --plot results/demo.png "$@"

@@ -7,7 +7,7 @@ each rank on images of its own sizes; run by tests/toolkit/test_multi_gpu.py thr
 (cpu: gloo and the kernel's CPU path; cuda: NCCL, one GPU per rank). The kernel loads as
 users load it (kernels.get_kernel; LOCAL_KERNELS set by the test) and is kernelized from
 this checkout's build. Writes DIR/<wrap>-rank<r>.pt: the rank's outputs and how often the
-kernel's forward and backward ran; rank 0 also the full gradient of every parameter."""
+kernel's rotary ran forward and backward; rank 0 also the full gradient of every parameter."""
 
 import argparse
 import os
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from rope_bwd_triton import REPO_ROOT, e2e  # noqa: E402
+from rope_bwd_triton import REPO_ROOT, models  # noqa: E402
 from rope_bwd_triton.load import load_kernel  # noqa: E402
 
 FAMILY = "qwen3_omni_moe"
@@ -27,34 +27,41 @@ GRIDS = [[[1, 4, 8]], [[1, 8, 8], [1, 4, 4]]]
 
 
 def images(model, rank):
-    return e2e.make_images(model, GRIDS[rank], seed=100 + rank)
+    return models.make_images(model, GRIDS[rank], seed=100 + rank)
 
 
 def kernelized_model(kernel, device):
     from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
 
-    model = e2e.make_vision_model(FAMILY, device=device, **e2e.QUICK_OMNI)
+    model = models.make_vision_model(FAMILY, device=device, **models.QUICK_OMNI)
     integrations = kernel.integrations
     integrations.make_kernelizable(model)
     repo = LocalLayerRepository(repo_path=Path(REPO_ROOT), layer_name=integrations.LAYER_NAME)
     with use_kernel_mapping({integrations.LAYER_NAME: {device.type: repo}}):
         model = kernelize(model, mode=Mode.TRAINING, device=device.type, use_fallback=False)
-    layer = e2e.importlib.import_module(f"transformers.models.{FAMILY}.modeling_{FAMILY}").apply_rotary_pos_emb_vision
+    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
     assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward, "not kernelized"
     return model
 
 
 def counting(kernel):
-    """Counts the calls of the kernel's forward and backward implementations."""
+    """Counts the kernelized layer's calls of the kernel's rotary (layers.ApplyRotaryPosEmbVision
+    calls the module's apply_rotary_pos_emb_vision), and the gradients that reach their outputs:
+    from there the backward is the kernel's."""
     counts = {"fwd": 0, "bwd": 0}
-    for key, name in (("fwd", "_rotary_fwd"), ("bwd", "_rotary_bwd_eager")):
-        impl = getattr(kernel.ops, name)
+    rotary = kernel.layers.apply_rotary_pos_emb_vision
 
-        def counted(*args, _impl=impl, _key=key):
-            counts[_key] += 1
-            return _impl(*args)
+    def backward_reached(grad):
+        counts["bwd"] += 1
 
-        setattr(kernel.ops, name, counted)
+    def counted(q, k, cos, sin, **options):
+        counts["fwd"] += 1
+        q_embed, k_embed = rotary(q, k, cos, sin, **options)
+        if q_embed.requires_grad:
+            q_embed.register_hook(backward_reached)
+        return q_embed, k_embed
+
+    kernel.layers.apply_rotary_pos_emb_vision = counted
     return counts
 
 
@@ -103,9 +110,9 @@ def main():
     for wrap in ("ddp", "fsdp2"):
         counts.update(fwd=0, bwd=0)
         net, model = wrapped(kernelized_model(kernel, device), wrap, device)
-        out, loss = e2e.step(net, *images(model, rank))
+        out, loss = models.step(net, *images(model, rank))
         loss.backward()
-        out = list(e2e.output_tensors(out))
+        out = list(models.output_tensors(out))
         grads = full_grads(model)  # collective under FSDP2: every rank takes part
         result = {"outputs": [o.detach().cpu() for o in out], "counts": dict(counts)}
         if rank == 0:

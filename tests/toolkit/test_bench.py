@@ -1,46 +1,67 @@
-"""The benchmark harness end to end on the CPU (tiny shapes; the timings mean
-nothing there, this checks the code path and what it writes), the suite summary
-arithmetic, and the timer: splitting a device timeline into calls (CPU, on made-up
-activities) and both of its methods on a real GPU (marked gpu)."""
+"""`bench` end to end on the CPU for each preset (tiny shapes; the timings mean nothing there,
+these check the code paths and what they write), the demo (scripts/demo.sh's run, through
+get_kernel, every token row verified), the pass rule and the suite summary arithmetic."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from rope_bwd_triton import REPO_ROOT, measure, realcall, report, suite
 from rope_bwd_triton import __main__ as cli
-from rope_bwd_triton import bench, suite, timing
-from rope_bwd_triton.timing import FLUSH_KERNEL, Activity, ColdL2Timer, split_spans
 
 OURS = ["ours_bwd", "ours_bwd_qk", "ours_bwd_bf16", "ours_fwd", "ours_fwd_bf16"]
 
 
+def _files(out, stem):
+    return {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md", "plot": out / f"{stem}.png"}
+
+
+def _flags(files):
+    return [x for flag, path in files.items() for x in (f"--{flag}", str(path))]
+
+
+def _bench(*argv, env=None):
+    """`python -m rope_bwd_triton bench ...` in a fresh process, as a user runs it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rope_bwd_triton", "bench", *argv],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    files = {"json": out / "bench.json", "markdown": out / "bench.md", "plot": out / "bench.png"}
-    argv = ["bench", "--quick", "--device", "cpu", "--peers", "eager,compile,liger,copy", "--seq-lens", "8", "33"]
-    for flag, path in files.items():
-        argv += [f"--{flag}", str(path)]
-    rc = cli.main(argv)
+    """The suite preset, every peer, and this checkout's build again as an A/B build."""
+    files = _files(tmp_path_factory.mktemp("bench"), "bench")
+    argv = ["bench", "--quick", "--device", "cpu", "--peers", "eager,compile,liger,copy", "--ab", str(REPO_ROOT)]
+    rc = cli.main(argv + ["--seq-lens", "8", "33"] + _flags(files))
     return rc, files
 
 
-def test_quick_bench_writes_json_markdown_and_plot(quick_run):
+def test_quick_suite_writes_json_markdown_and_plot(quick_run):
     rc, files = quick_run
     assert rc == 0
     run = json.loads(files["json"].read_text())
     assert run["meta"]["calls"] >= 1 and run["copy"]["GBps"] > 0
     assert [w["S"] for w in run["workloads"]] == [8, 33]
     for w in run["workloads"]:
-        assert set(w["floors"]) == set(bench.TASKS)
-        for name in [*OURS, "eager_bwd", "compiled_bwd", "compiled_bwd_qk"]:
+        assert set(w["floors"]) == set(measure.TASKS)
+        for name in [*OURS, *(f"ab_{n}" for n in OURS), "eager_bwd", "compiled_bwd", "compiled_bwd_qk"]:
             r = w["results"][name]
             assert r["verify"]["ok"], (name, r["verify"])
             assert r["verify"]["rows"] == w["S"] and len(r["verify"]["rel_err"]) in (2, 3)
             assert r["time"]["n"] == run["meta"]["calls"] and r["x_floor"] > 0 and r["GBps"] > 0
         assert "skipped" in w["results"]["liger_bwd_qk"]  # needs a CUDA GPU
-        for task in bench.TASKS:  # the copy reference moves each task's floor bytes
+        for task in measure.TASKS:  # the copy reference moves each task's floor bytes
             r = w["results"][f"copy_{task}"]
             assert r["verify"]["ok"] and r["time"]["n"] == run["meta"]["calls"]
     assert set(run["summary"]["impls"]) >= set(OURS)
@@ -61,18 +82,62 @@ def test_quick_bench_writes_json_markdown_and_plot(quick_run):
     assert files["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_demo_loads_through_get_kernel_and_verifies_every_row(tmp_path):
+    """scripts/demo.sh's run on two sizes of the public shape (16 heads of 128, fp32)."""
+    files = _files(tmp_path, "demo")
+    out = _bench("--preset", "suite", "--tasks", "bwd", "--peers", "", "--seq-lens", "3", "17", "--calls", "2",
+                 *_flags(files))  # fmt: skip
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (the package's PyTorch path runs;"
+    assert "through kernels.get_kernel" in out and f"device: {where}" in out
+    assert out.splitlines()[-2].endswith("all pass")
+    run = json.loads(files["json"].read_text())
+    assert [(w["S"], w["H"], w["D"]) for w in run["workloads"]] == [(3, 16, 128), (17, 16, 128)]
+    assert run["meta"]["calls"] == 2 and run["meta"]["command"].startswith("python -m rope_bwd_triton bench ")
+    for w in run["workloads"]:
+        assert list(w["results"]) == ["ours_bwd"]
+        r = w["results"]["ours_bwd"]
+        assert r["verify"]["ok"] and r["verify"]["max_rel_err"] < suite.TOLERANCE["float32"]
+        assert r["verify"]["sol_pass_fraction"] == 1.0
+        assert r["verify"]["rows"] == w["S"]  # every token row
+        assert r["time"]["n"] == 2
+    assert files["plot"].stat().st_size > 0
+
+
 def test_copy_reference_moves_each_tasks_floor_bytes():
     S, H, D = 33, 2, 16
-    data = bench.Data(S, H, D, torch.device("cpu"), seed=0)
-    for task, (_, mode, dtype) in bench.TASKS.items():
-        call = bench._copy(task)(None, data.inputs(mode, dtype))
+    data = measure.Data(S, H, D, torch.device("cpu"), seed=0)
+    for task, (_, mode, dtype) in measure.TASKS.items():
+        call = measure._copy(task)(None, data.inputs(mode, dtype))
         call()
         dst, src = call.last
         elem = getattr(torch, dtype).itemsize
         assert 2 * src.numel() == suite.floor_bytes(S, H, D, elem=elem, table_elem=4, mode=mode)
-        assert bench._check_copy(call)["ok"]
+        assert measure._check_copy(call)["ok"]
         dst[7] ^= 1  # a copy that got one byte wrong fails its check
-        assert not bench._check_copy(call)["ok"]
+        assert not measure._check_copy(call)["ok"]
+
+
+def test_a_result_passes_within_tolerance_and_sols_rule():
+    """Ours passes within the dtype's relative error and with SOL-ExecBench's rule met on >= 99%
+    of the elements: either alone fails it."""
+    gen = torch.Generator().manual_seed(7)
+    ref = torch.randn(64, 4, 16, generator=gen, dtype=torch.float64)
+    rows = suite.verify_rows(64, 64, 0)
+    assert suite.judge([ref.float()], [ref], "float32", rows)["ok"]
+    scaled = suite.judge([ref * (1 + 1e-4)], [ref], "float32", rows)  # every element within SOL's rule
+    assert scaled["sol_pass_fraction"] == 1.0 and not scaled["ok"]
+    off = ref.clone()
+    off.view(-1)[torch.randperm(off.numel(), generator=gen)[: off.numel() // 50]] += 0.1  # 2% of elements
+    check = suite.judge([off], [ref], "bfloat16", rows)
+    assert check["max_rel_err"] < suite.TOLERANCE["bfloat16"] and check["sol_pass_fraction"] < 0.99
+    assert not check["ok"]
+
+
+def test_verify_rows_keep_the_ends_and_sample_the_rest():
+    assert suite.verify_rows(5, 8, 0).tolist() == [0, 1, 2, 3, 4]
+    rows = suite.verify_rows(1000, 10, 3)
+    assert len(set(rows.tolist())) == 10 and rows[0] == 0 and rows[-1] == 999
+    assert rows.tolist() == sorted(rows.tolist()) and rows.tolist() != suite.verify_rows(1000, 10, 4).tolist()
 
 
 def test_rerender_from_saved_runs(quick_run, tmp_path):
@@ -89,7 +154,7 @@ def test_markdown_states_the_flush_check(quick_run):
     _, files = quick_run
     run = json.loads(files["json"].read_text())
     run["flush_check"] = {"bytes": 16 << 20, "us": {"fresh": 5.34, "after_evict_last_read": 5.38}, "ratio": 5.38 / 5.34}
-    md = bench.render_markdown([run])
+    md = report.render_markdown([run])
     assert (
         "Cold-L2 check: a copy of 16 MiB after the flush takes 5.34 us on fresh buffers and 5.38 us when its "
         "source was read with evict_last priority before (1.01x;"
@@ -113,157 +178,82 @@ def test_suite_summary_is_mean_time_over_mean_floor():
             "results": {"ours_bwd": {"time": {"mean_us": 1.0}}},
         }
     )
-    summary = bench.summarize({"impls": impls, "workloads": workloads})
+    summary = report.summarize({"impls": impls, "workloads": workloads})
     assert summary["over"] == "the 16 public workloads"
     assert list(summary["impls"]) == ["ours_bwd"]
     s = summary["impls"]["ours_bwd"]
     assert s["mean_us"] == pytest.approx(17.0) and s["floor_us"] == pytest.approx(8.5)
     assert s["x_floor"] == pytest.approx(2.0)
     assert s["other_mean_us"] == pytest.approx(8.5)  # the mean of the other method's figures
-    md = "\n".join(bench._suite_table({"meta": {"timer_other": "events"}, "impls": impls, "summary": summary}))
+    md = "\n".join(report._suite_table({"meta": {"timer_other": "events"}, "impls": impls, "summary": summary}))
     assert "| mean us by events |" in md and "| 17.0 | 8.5 | 2.00 |  | 8.5 |" in md
 
 
-# ------------------------------------------------------------------ the timer
+def test_terminal_table_on_a_gpu():
+    """The GPU columns of the table (floor, x floor, GB/s) from a known case: the public S=4096
+    workload moves 205.5 MB, 49.9 us at 4.12 TB/s; a 61.0 us call is 1.22x."""
+    from rope_bwd_triton.timing import bandwidth_GBps, time_us
+
+    nbytes = suite.floor_bytes(4096)
+    assert nbytes == 4 * (6 * 4096 * 16 * 128 + 2 * 4096 * 128)
+    floor = time_us(nbytes, 4120.0)
+    assert floor == pytest.approx(49.884, abs=0.001)
+    check = {"max_rel_err": 7e-8, "sol_pass_fraction": 1.0, "ok": True}
+    result = {"time": {"mean_us": 61.0}, "x_floor": 61.0 / floor, "GBps": bandwidth_GBps(nbytes, 61.0), "verify": check}
+    run = {
+        "meta": {"gpu": "NVIDIA H200"},
+        "impls": {"ours_bwd": {"label": "ours", "task": "bwd"}},
+        "workloads": [{"set": "suite", "S": 4096, "H": 16, "D": 128, "floors": {"bwd": {"us": floor}},
+                       "results": {"ours_bwd": result}}],
+    }  # fmt: skip
+    run["summary"] = report.summarize(run)
+    lines = report.terminal_table(run).splitlines()
+    assert lines[2].split() == ["4096", "16", "128", "bwd", "7.00e-08", "100.0%", "61.0", "49.9", "1.22", "3369"]
+    assert (
+        lines[3]
+        == "ours: mean over 1 measured workloads (not the full suite): 61.0 us, floor 49.9 us (1.22x) on NVIDIA H200"
+    )
+    check["ok"] = False
+    assert report.terminal_table(run).splitlines()[2].split()[6:8] == ["61.0", "FAILED"]
 
 
-def _act(name, start, end, stream=7):
-    return Activity(name, start, end, stream)
+def test_quick_realcall_verifies_ours_and_an_ab_build(tmp_path):
+    files = _files(tmp_path, "rc")
+    argv = ["--preset", "realcall", "--quick", "--peers", "copy,transformers", "--dtypes", "bfloat16", "float16"]
+    out = _bench(*argv, "--ab", str(REPO_ROOT), *_flags(files))
+    run = json.loads(files["json"].read_text())
+    assert {(w["dtype"], w["layout"], w["S"]) for w in run["workloads"]} == {
+        (dt, lay, S) for dt in ("bfloat16", "float16") for lay in realcall.LAYOUTS for S in (8, 33)
+    }
+    for w in run["workloads"]:
+        assert set(w["results"]) == {"ours", "ab", "transformers", "copy"}
+        assert all(r["verify"]["ok"] for r in w["results"].values())
+    md = files["markdown"].read_text()
+    assert files["plot"].stat().st_size > 0 and "ours / copy" in md and md in out
 
 
-def test_split_spans_covers_every_activity_between_flushes():
-    acts = [
-        _act("sleep_before_the_first_flush", 0, 5),  # not ours: ignored
-        _act(FLUSH_KERNEL, 10, 20),
-        _act("kernel_a", 21, 25),
-        _act("Memcpy DtoD (Device -> Device)", 26, 30),
-        _act("kernel_b", 31, 40),
-        _act(FLUSH_KERNEL, 50, 60),  # nothing ran after this one
-        _act(FLUSH_KERNEL, 70, 80),
-        _act("Memset (Device)", 82, 83),
-    ]
-    # given in any order: the timeline is sorted by start
-    assert split_spans(list(reversed(acts)), 3) == [pytest.approx(19), None, pytest.approx(1)]
+def test_sdpa_layout_is_the_transposed_gradient():
+    x = realcall.make_inputs(5, 2, 8, torch.bfloat16, "sdpa", "cpu", torch.Generator().manual_seed(0))
+    assert x["gq"].shape == (5, 2, 8) and x["gq"].stride() == (8, 40, 1)
+    assert x["q"].stride() == (48, 8, 1) and x["q"].requires_grad and not x["cos"].requires_grad
 
 
-@pytest.mark.parametrize("case", ["empty", "fewer flushes", "more flushes", "other stream"])
-def test_split_spans_refuses_a_timeline_it_cannot_attribute(case):
-    acts = [_act(FLUSH_KERNEL, 0, 1), _act("k", 2, 3), _act(FLUSH_KERNEL, 4, 5), _act("k", 6, 7)]
-    flushes, match = {
-        "empty": (2, "no GPU activity"),
-        "fewer flushes": (3, "cannot be split"),
-        "more flushes": (1, "cannot be split"),
-        "other stream": (2, "another stream"),
-    }[case]
-    if case == "empty":
-        acts = []
-    if case == "other stream":
-        acts.append(_act("side", 6.5, 9, stream=8))
-    with pytest.raises(RuntimeError, match=match):
-        split_spans(acts, flushes)
-
-
-def test_cpu_timer_is_wall_clock_with_no_second_figure():
-    timer = ColdL2Timer("cpu", calls=3, warmup=0, primary="span")
-    stats = timer(lambda: None)
-    assert stats.n == 3 and stats.other is None and timer.other is None
-    assert stats.as_dict()["other"] is None
-    with pytest.raises(ValueError, match="primary"):
-        ColdL2Timer("cpu", primary="nvtx")
-    with pytest.raises(ValueError, match="needs the profiler"):
-        ColdL2Timer("cpu", primary="span", profile=False)
-
-
-def test_interleave_takes_turns_round_by_round():
-    order = []
-    out = timing.interleave({"a": 0, "b": 0, "c": 0}, lambda name: order.append(name) or len(order), 2)
-    assert "".join(order) == "abc" + "abc" and out == {"a": [1, 4], "b": [2, 5], "c": [3, 6]}
-    order.clear()
-    timing.interleave("abc", order.append, 3, rotate=True)
-    assert "".join(order) == "abc" + "bca" + "cab"
-
-
-@pytest.fixture(scope="module")
-def gpu_timers():
-    return {m: ColdL2Timer("cuda", calls=20, warmup=2, primary=m) for m in timing.METHODS}
-
-
-SLACK_US = 2.0  # events start once the flush is done, the span at the first kernel: span <= events
-
-
-@pytest.mark.gpu
-def test_span_of_one_known_kernel(gpu_timers):
-    src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    stats = gpu_timers["span"](lambda: dst.copy_(src))  # one copy kernel, ~0.1 ms
-    events = stats.other
-    assert stats.n == events.n == 20
-    assert stats.min_us > 0
-    assert stats.mean_us <= events.mean_us + SLACK_US and stats.max_us <= events.max_us + SLACK_US
-    assert stats.mean_us >= 0.8 * events.mean_us  # one kernel: the events add only the launch latency
-    swapped = gpu_timers["events"](lambda: dst.copy_(src))
-    assert swapped.other.mean_us <= swapped.mean_us + SLACK_US  # primary events, span alongside
-    alone = ColdL2Timer("cuda", calls=20, warmup=2, profile=False)(lambda: dst.copy_(src))
-    assert alone.n == 20 and alone.other is None and alone.min_us > 0
-
-
-@pytest.mark.gpu
-def test_span_of_a_multi_kernel_call_covers_all_of_it(gpu_timers):
-    timer = gpu_timers["span"]
-    cycles = int(100 * timer.cycles_per_us)  # ~100 us of GPU sleep: kernels of a known length
-    a = torch.ones(1 << 20, device="cuda")
-    b = torch.empty_like(a)
-
-    def multi():  # kernel, memcpy, kernel, kernel: the span must reach from the first to the last
-        torch.cuda._sleep(cycles)
-        b.copy_(a)
-        torch.cuda._sleep(cycles)
-        b.add_(1)
-
-    one = timer(lambda: torch.cuda._sleep(cycles))
-    stats = timer(multi)
-    assert stats.n == stats.other.n == 20  # one span per call
-    # the median sleep: another process's kernels delay some calls, which moved the mean by 13%
-    assert stats.min_us >= 1.9 * one.median_us
-    assert stats.mean_us <= stats.other.mean_us + SLACK_US
-
-    # the profiler's view of the same calls: each segment holds all four activities, the memcpy too
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            timer._zero()
-            multi()
-        torch.cuda.synchronize()
-    acts = sorted(timing._gpu_activities(prof), key=lambda x: x.start)
-    names = [x.name for x in acts]
-    assert names.count(FLUSH_KERNEL) == 3 and len(acts) == 3 * 5, names
-    assert sum("memcpy" in n.lower() for n in names) == 3, names
-    spans = split_spans(acts, 3)
-    assert all(s >= 1.9 * one.mean_us for s in spans)
-
-
-@pytest.mark.gpu
-def test_flush_evicts_lines_of_evict_last_priority(gpu_timers):
-    """The timer's flush leaves a copy as slow after an evict_last read of its source as on fresh
-    buffers (kernel spans: CUDA events would add the launch latency to both)."""
-    assert timing.flush_check(gpu_timers["span"])["ratio"] >= 0.93
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", ["extra flush", "no GPU work", "other stream"])
-def test_span_refuses_calls_it_cannot_segment(gpu_timers, case):
-    timer = gpu_timers["span"]
-    x = torch.empty(1 << 20, device="cuda")
-    side = torch.cuda.Stream()
-
-    def other_stream():
-        with torch.cuda.stream(side):
-            x.zero_()
-
-    fn, match = {
-        "extra flush": (timer._zero, "cannot be split"),
-        "no GPU work": (lambda: None, "no GPU work"),
-        "other stream": (other_stream, "another stream"),
-    }[case]
-    with pytest.raises(RuntimeError, match=match):
-        timer(fn)
-    torch.cuda.synchronize()
+def test_quick_copybound_in_the_interpreter(tmp_path):
+    """Ours and the Triton copies run in Triton's interpreter; every copy is checked against its
+    source and ours against float64 inside the command."""
+    files = _files(tmp_path, "cb")
+    out = _bench("--preset", "copybound", "--quick", *_flags(files), env=dict(os.environ, TRITON_INTERPRET="1"))
+    run = json.loads(files["json"].read_text())
+    assert run["meta"]["gpu"] is None and run["meta"]["command"].startswith("python -m rope_bwd_triton bench --pre")
+    configs = [tuple(c) for c in run["configs"]]
+    (w,) = run["workloads"]  # a bench run: ours and the device copy of every task, each verified
+    assert set(w["floors"]) == set(w["triton_copy"]) == set(measure.TASKS)
+    assert set(w["results"]) == {f"{who}_{task}" for who in ("ours", "copy") for task in measure.TASKS}
+    for r in w["results"].values():
+        assert r["verify"]["ok"] and r["time"]["n"] == 2 and r["time"]["mean_us"] > 0
+    for task, (us, block, warps) in w["triton_copy"].items():
+        assert us > 0 and (block, warps) in configs and w["floors"][task]["us"] > 0, task
+    assert w["triton_copy"]["fwd"] == w["triton_copy"]["bwd_qk"]  # same floor bytes, timed once
+    # one table line per task, printed and in the markdown
+    assert sum(line.startswith(tuple(f"| {t} |" for t in measure.TASKS)) for line in out.splitlines()) == 5
+    assert "### Copy bound: means over 1 workloads" in files["markdown"].read_text()

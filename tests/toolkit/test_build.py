@@ -29,7 +29,7 @@ def test_build_toml_is_accepted_by_kernels():
 
 
 def test_rebuild_writes_only_what_differs(tmp_path):
-    """Loaded variants read some files later (configs/*.json, rotary_triton.py) while another
+    """Loaded variants read some files later (configs/*.json, launch.py) while another
     process may rebuild: an unchanged file keeps its inode, a changed or missing one comes back
     readable, a stale one goes, and no scratch folder stays behind."""
     out = tmp_path / "build"

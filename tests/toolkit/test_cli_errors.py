@@ -1,6 +1,6 @@
 """The toolkit's commands on bad values: one line on stderr, exit status 2, no traceback,
-and nothing written; and without matplotlib, demo and bench write their results and
-skip the plot with a notice."""
+and nothing written; and without matplotlib, bench writes its results and skips the plot
+with a notice."""
 
 import json
 import re
@@ -16,24 +16,36 @@ from ..helpers import HAS_CUDA, INTERPRET
 
 # (argv after the command's outputs are pointed into tmp_path/out, expected message)
 CASES = [
-    (["demo", "--calls", "0"], r"demo: error: argument --calls: must be a positive integer, got 0"),
-    (["demo", "--seq-lens", "5", "-3"], r"demo: error: argument --seq-lens: must be a positive integer, got -3"),
-    (["demo", "--calls", "x"], r"demo: error: argument --calls: expected an integer, got 'x'"),
+    (["bench", "--calls", "0"], r"bench: error: argument --calls: must be a positive integer, got 0"),
+    (["bench", "--seq-lens", "5", "-3"], r"bench: error: argument --seq-lens: must be a positive integer, got -3"),
+    (["bench", "--calls", "x"], r"bench: error: argument --calls: expected an integer, got 'x'"),
     (["bench", "--device", "cuda:99"], r"bench: error: argument --device: cuda:99: this machine has"),
     (["bench", "--device", "tpu"], r"bench: error: argument --device: expected cpu or cuda\[:N\], got 'tpu'"),
-    (["bench", "--seq-lens", "0"], r"bench: error: argument --seq-lens: must be a positive integer, got 0"),
     (["bench", "--heads", "0"], r"bench: error: argument --heads: must be a positive integer, got 0"),
-    (["bench", "--head-dim", "7"], r"bench: error: argument --head-dim: must be even and in 2\.\.256, got 7"),
-    (["bench", "--calls", "-1"], r"bench: error: argument --calls: must be a positive integer, got -1"),
+    (["bench", "--head-dims", "7"], r"bench: error: argument --head-dims: must be even and in 2\.\.256, got 7"),
+    (["bench", "--preset", "demo"], r"bench: error: argument --preset: invalid choice: 'demo'"),
     (["bench", "--peers", "eager,foo"], r"bench: error: argument --peers: unknown peers \['foo'\]"),
     (
         ["bench", "--tasks", "bwd,bwd_fp8"],
         r"bench: error: argument --tasks: unknown tasks \['bwd_fp8'\]; choose from bwd,",
     ),
     (["bench", "--from-json", "absent.json"], r"bench: error: argument --from-json: no such file: absent\.json"),
-    (["realcall", "--peers", "copy,flash"], r"realcall: error: argument --peers: unknown peers \['flash'\]"),
-    (["realcall", "--ab", "absent"], r"realcall: error: --ab: no build/ in absent"),
-    (["coldstart", "--impls", "ours,tvm"], r"coldstart: error: argument --impls: unknown implementations \['tvm'\]"),
+    (
+        ["bench", "--peers", "liger,transformers"],
+        r"bench: error: --peers: transformers is not a peer of --preset suite",
+    ),
+    (["bench", "--preset", "realcall", "--peers", "copy,flash"], r"bench: error: argument --peers: unknown peers"),
+    (["bench", "--preset", "realcall", "--peers", "eager"], r"bench: error: --peers: eager is not a peer of --pre"),
+    (["bench", "--preset", "realcall", "--ab", "absent"], r"bench: error: --ab: no build/ in absent"),
+    (
+        ["bench", "--preset", "realcall", "--tasks", "bwd"],
+        r"bench: error: --tasks is an option of --preset suite and copybound, not of realcall",
+    ),
+    (["bench", "--dtypes", "float16"], r"bench: error: --dtypes is an option of --preset realcall, not of suite"),
+    (["bench", "--preset", "copybound", "--quick", "--json"], r"bench: error: argument --json: expected one argument"),
+    (["overhead", "--impls", "ours,tvm"], r"overhead: error: argument --impls: unknown implementations \['tvm'\]"),
+    (["overhead", "--parts", "host,cold"], r"overhead: error: argument --parts: unknown parts \['cold'\]"),
+    (["overhead", "--fast-launch", "on,maybe"], r"overhead: error: argument --fast-launch: unknown settings"),
     (["e2e", "--varres", "--variants", "eager,jax"], r"e2e: error: argument --variants: unknown variants \['jax'\]"),
     (["e2e", "--from-json", "absent.json"], r"e2e: error: argument --from-json: no such file: absent\.json"),
     (["publish", "--dry-run", "--repo-id", "not a repo"], r"publish: error: argument --repo-id: Repo id must use"),
@@ -42,6 +54,7 @@ CASES = [
         r"publish: error: argument --repo-id: Repo id must be in the form",
     ),
     (["publish", "--dry-run", "--repo-id", "name"], r"publish: error: argument --repo-id: expected <namespace>/<name>"),
+    (["publish", "--card-only", "--dry-run"], r"publish: error: argument --dry-run: not allowed with argument --card"),
     (["e2e", "--tokens", "4096", "99"], r"e2e: error: --tokens: 99 tokens is not a square image"),
     (["e2e", "--iters", "7", "--rounds", "5"], r"e2e: error: --iters \(7\) must be a multiple of --rounds \(5\)"),
     (["tune", "--layout", "sdpa"], r"tune: error: --layout sdpa is the upstream gradient's layout: give --modes"),
@@ -49,40 +62,20 @@ CASES = [
     (["tune", "--calls", "0"], r"tune: error: argument --calls: must be a positive integer, got 0"),
     (["tune", "--jobs", "-1"], r"tune: error: argument --jobs: must be 0 or more, got -1"),
     (["tune", "--budget", "-1"], r"tune: error: argument --budget: must be a positive number, got -1"),
-    (["ncu"], r"ncu: error: the following arguments are required: \{metrics,run,report\}"),
-    (["ncu", "profile"], r"ncu: error: argument \{metrics,run,report\}: invalid choice: 'profile'"),
-    (
-        ["ncu", "report", "absent.csv", "--labels", "absent.json"],
-        r"ncu report: error: argument csv: no such file: absent\.csv",
-    ),
-    (["ncu", "run"], r"ncu run: error: the following arguments are required: --labels"),
-    (["copybound", "--quick", "--json"], r"copybound: error: argument --json: expected one argument"),
-    (["crosstriton", "run", "absent"], r"crosstriton: error: folder: no meta\.json in absent"),
-    (["crosstriton", "run", "x", "--calls", "0"], r"crosstriton run: error: argument --calls: must be a positive"),
-    (["crosstriton", "compile"], r"crosstriton compile: error: the following arguments are required: --out"),
-    (["crosstriton", "compile", "--out"], r"crosstriton compile: error: argument --out: expected one argument"),
 ]
 OUT_FLAGS = {
-    "demo": ["--out"],
     "bench": ["--json", "--markdown", "--plot"],
     "e2e": ["--out"],
-    "realcall": ["--json", "--markdown", "--plot"],
-    "coldstart": ["--json"],
-    "host": [],
+    "overhead": ["--json"],
     "tune": ["--out", "--log"],
     "publish": ["--to-cache"],
-    "copybound": ["--json"],
-    "ncu": [],
-    "ncu report": ["--markdown"],
-    "crosstriton": [],
-    "crosstriton run": ["--json"],
 }
 
 
 def outputs_into(argv, out):
     """argv with every output of the command pointed into `out` (which must stay absent)."""
-    flags = OUT_FLAGS.get(" ".join(argv[:2]), OUT_FLAGS[argv[0]])
-    if argv[0] == "publish":  # --dry-run and --to-cache exclude each other: the dry run writes nothing
+    flags = OUT_FLAGS[argv[0]]
+    if argv[0] == "publish":  # --dry-run and --to-cache exclude each other: these are refused as parsed
         return argv
     return argv + [x for i, f in enumerate(flags) for x in (f, str(out / f"{i}-{f.strip('-')}"))]
 
@@ -103,31 +96,6 @@ def test_bad_values(capsys, tmp_path, argv, match):
     out = tmp_path / "out"
     expect_usage_error(capsys, outputs_into(argv, out), match)
     assert not out.exists(), "a refused command wrote"
-
-
-@pytest.mark.parametrize(
-    "meta,argv,match",
-    [
-        (
-            {"triton": "3.9.0", "gpu": "NVIDIA H200", "cases": []},
-            [],
-            r"crosstriton: error: folder: \S*cubins was compiled by an older crosstriton: compile it again",
-        ),
-        (
-            {"triton": "3.9.0", "gpu": "NVIDIA H200", "sms": 132, "later_triton": True, "cases": []},
-            ["--configs-out", "t.json"],
-            r"crosstriton: error: --configs-out: \S*cubins holds cases, not the candidates of `compile --tune`",
-        ),
-    ],
-    ids=["stale", "configs-out"],
-)
-def test_crosstriton_run_refuses_a_folder_it_cannot_use(capsys, tmp_path, meta, argv, match):
-    folder, out = tmp_path / "cubins", tmp_path / "out"
-    folder.mkdir()
-    (folder / "meta.json").write_text(json.dumps(meta))
-    argv = ["crosstriton", "run", str(folder), *(a if a != "t.json" else str(out / a) for a in argv)]
-    expect_usage_error(capsys, outputs_into(argv, out), match)
-    assert not out.exists()
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the machine has a CUDA GPU")
@@ -154,15 +122,13 @@ def test_tune_without_a_gpu_or_the_interpreter(capsys, tmp_path):
 @pytest.mark.parametrize(
     "argv,match",
     [
-        (["copybound"], r"copybound: error: copybound times Triton kernels: it needs a CUDA GPU"),
-        (["ncu", "run", "--labels"], r"ncu: error: ncu run launches our kernel on a CUDA GPU"),
-        (["host"], r"host: error: host times the launch path on a CUDA GPU"),
+        (["bench", "--preset", "copybound"], r"bench: error: copybound times Triton kernels: it needs a CUDA GPU"),
+        (["overhead"], r"overhead: error: overhead times Triton compilations and host time .*: it needs a CUDA GPU"),
     ],
 )
 def test_gpu_commands_without_one(capsys, tmp_path, argv, match):
     out = tmp_path / "out"
-    argv = argv + [str(out / "labels.json")] if argv[-1] == "--labels" else outputs_into(argv, out)
-    expect_usage_error(capsys, argv, match)
+    expect_usage_error(capsys, outputs_into(argv, out), match)
     assert not out.exists()
 
 
@@ -171,8 +137,8 @@ def test_copybound_quick_without_the_interpreter(capsys, tmp_path):
     out = tmp_path / "out"
     expect_usage_error(
         capsys,
-        outputs_into(["copybound", "--quick"], out),
-        r"copybound: error: --quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1",
+        outputs_into(["bench", "--preset", "copybound", "--quick"], out),
+        r"bench: error: --quick runs Triton's copies on the CPU: it needs TRITON_INTERPRET=1",
     )
     assert not out.exists()
 
@@ -180,14 +146,16 @@ def test_copybound_quick_without_the_interpreter(capsys, tmp_path):
 def test_the_command_line_itself(tmp_path):
     """As a user runs it: status 2 and one line, no traceback."""
     proc = subprocess.run(
-        [sys.executable, "-m", "rope_bwd_triton", "demo", "--calls", "0", "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "rope_bwd_triton", "bench", "--calls", "0", "--json", str(tmp_path / "o")],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "python -m rope_bwd_triton demo: error: argument --calls: must be a positive integer, got 0\n"
+    assert (
+        proc.stderr == "python -m rope_bwd_triton bench: error: argument --calls: must be a positive integer, got 0\n"
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -196,15 +164,6 @@ def no_matplotlib(monkeypatch):
     for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
-
-
-def test_demo_without_matplotlib(kernel, no_matplotlib, capsys, tmp_path):
-    assert toolkit.main(["demo", "--seq-lens", "3", "--calls", "2", "--out", str(tmp_path)]) == 0
-    captured = capsys.readouterr()
-    assert json.loads((tmp_path / "demo.json").read_text())["workloads"][0]["results"]["ours_bwd"]["verify"]["ok"]
-    assert not (tmp_path / "demo.png").exists()
-    assert f"demo: matplotlib is not installed, so {tmp_path / 'demo.png'} is not drawn" in captured.err
-    assert captured.out.splitlines()[-1] == f"wrote {tmp_path / 'demo.json'}"
 
 
 def test_bench_without_matplotlib(kernel, no_matplotlib, capsys, tmp_path):
@@ -217,4 +176,4 @@ def test_bench_without_matplotlib(kernel, no_matplotlib, capsys, tmp_path):
     assert "Verification" in md and "bench.png" not in md  # no link to a plot that is not there
     assert not files["plot"].exists()
     assert f"bench: matplotlib is not installed, so {files['plot']} is not drawn" in captured.err
-    assert captured.out.splitlines()[-1] == f"wrote {files['markdown']}"
+    assert captured.out.splitlines()[-1] == f"wrote {files['json']}, {files['markdown']}"

@@ -1,6 +1,6 @@
 """Kernelize transformers' vision encoders by kernel name, and parity with transformers.
 
-Random-init vision models built from config objects (no downloads) by the toolkit's e2e
+Random-init vision models built from config objects (no downloads) by the toolkit's models
 module, so these live with the toolkit's tests. The eager twin runs first, while
 transformers' rotary is untouched (the kernelized layer is a module global, shared by
 every model of a family); then the model is kernelized through the user's mapping,
@@ -10,20 +10,19 @@ through kernels' LocalLayerRepository, with the network refused (tests/offline.p
 """
 
 import copy
-import importlib
 import re
 
 import pytest
 import torch
 from kernels import Mode, kernelize, use_kernel_mapping
 
-from rope_bwd_triton import e2e
+from rope_bwd_triton import models
 from rope_bwd_triton.build import repo_id
 
 from ..helpers import compiled_calls, generated_code
 from ..reference import rel_err
 
-FAMILIES = tuple(e2e.FAMILIES)
+FAMILIES = tuple(models.FAMILIES)
 # Tiny shapes (head_dim 16) for CPU; two images, so the attention's per-image split runs.
 TINY = dict(hidden_size=32, num_heads=2, intermediate_size=64, depth=2, patch_size=4, out_hidden_size=48)
 TINY_EXTRA = {
@@ -42,34 +41,30 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bf16: a few roundings of 2^
 ALL_MODES = [Mode.INFERENCE, Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE]
 
 
-def modeling(family):
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-
-
 @pytest.fixture
 def integrations(kernel):
     """The shipped integrations module; transformers restored afterwards so nothing leaks
     into other tests."""
-    originals = {f: modeling(f).apply_rotary_pos_emb_vision for f in FAMILIES}
+    originals = {f: models.modeling_module(f).apply_rotary_pos_emb_vision for f in FAMILIES}
     yield kernel.integrations
     kernel.integrations.restore_transformers()
-    assert all(modeling(f).apply_rotary_pos_emb_vision is fn for f, fn in originals.items())
+    assert all(models.modeling_module(f).apply_rotary_pos_emb_vision is fn for f, fn in originals.items())
 
 
 def build(family, size, dtype, device):
     config = TINY | TINY_EXTRA[family] if size == "tiny" else REAL[family]
-    model = e2e.make_vision_model(family, dtype=dtype, device=device, **config)
-    return model, e2e.make_images(model, TINY_GRIDS if size == "tiny" else REAL_GRIDS)
+    model = models.make_vision_model(family, dtype=dtype, device=device, **config)
+    return model, models.make_images(model, TINY_GRIDS if size == "tiny" else REAL_GRIDS)
 
 
 def run(model, inputs, mode):
     """Outputs, and the gradient of every parameter (None where it gets none)."""
     if Mode.TRAINING not in mode:
         with torch.no_grad():
-            return list(e2e.output_tensors(model(*inputs))), {}
-    out, loss = e2e.step(model, *inputs)
+            return list(models.output_tensors(model(*inputs))), {}
+    out, loss = models.step(model, *inputs)
     loss.backward()
-    return list(e2e.output_tensors(out)), {n: p.grad for n, p in model.named_parameters()}
+    return list(models.output_tensors(out)), {n: p.grad for n, p in model.named_parameters()}
 
 
 def assert_close(got, ref, tol):
@@ -84,7 +79,7 @@ def assert_close(got, ref, tol):
 
 
 def assert_kernelized(kernel, family):
-    layer = modeling(family).apply_rotary_pos_emb_vision
+    layer = models.modeling_module(family).apply_rotary_pos_emb_vision
     assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward
 
 
@@ -166,7 +161,7 @@ def test_compiled_varying_image_sizes_cuda(kernel, integrations, no_tf32):
     in its code); outputs and every gradient match eager at both sizes."""
     family, dtype, mode = "qwen3_omni_moe", torch.float32, Mode.TRAINING | Mode.TORCH_COMPILE
     eager, _ = build(family, "real", dtype, "cuda")
-    images = [e2e.make_images(eager, [grid]) for grid in REAL_GRIDS]
+    images = [models.make_images(eager, [grid]) for grid in REAL_GRIDS]
     refs = []
     for inputs in images:  # before kernelize: the rotary is shared; gradients set to None first
         eager.zero_grad(set_to_none=True)
@@ -202,7 +197,7 @@ def test_convenience_call(kernel, integrations):
 
 
 def test_make_kernelizable_is_idempotent_and_undone(kernel, integrations):
-    M = modeling("qwen3_omni_moe")
+    M = models.modeling_module("qwen3_omni_moe")
     original, init = M.apply_rotary_pos_emb_vision, M.Qwen3OmniMoeVisionAttention.__init__
     before, _ = build("qwen3_omni_moe", "tiny", torch.float32, "cpu")
     integrations.make_kernelizable(before)
@@ -221,7 +216,9 @@ def test_make_kernelizable_is_idempotent_and_undone(kernel, integrations):
 
 
 def test_attention_classes_found(kernel):
-    names = {f: [c.__name__ for c in kernel.integrations._attention_classes(modeling(f))] for f in FAMILIES}
+    names = {
+        f: [c.__name__ for c in kernel.integrations._attention_classes(models.modeling_module(f))] for f in FAMILIES
+    }
     assert names == {
         "qwen3_omni_moe": ["Qwen3OmniMoeVisionAttention"],
         "qwen2_5_vl": ["Qwen2_5_VLVisionAttention"],

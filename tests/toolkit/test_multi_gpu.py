@@ -5,7 +5,6 @@ single-process eager run of transformers on all the images. The distributed test
 on two GPUs (NCCL) and, to prove the harness on any machine, on the CPU (gloo, the
 kernel's CPU path). Tests that need two GPUs skip with fewer."""
 
-import importlib
 import inspect
 import os
 import subprocess
@@ -14,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from rope_bwd_triton import REPO_ROOT, e2e, suite
+from rope_bwd_triton import REPO_ROOT, models, suite
 
 from ..helpers import HAS_CUDA
 
@@ -80,13 +79,13 @@ def test_cuda0_tensors_under_the_second_gpu(kernel, gen):
 def _reference(device):
     """Single process, transformers' eager rotary: outputs per rank, and the gradients of the
     mean of the ranks' losses (what DDP and FSDP2 average)."""
-    modeling = importlib.import_module(f"transformers.models.{worker.FAMILY}.modeling_{worker.FAMILY}")
+    modeling = models.modeling_module(worker.FAMILY)
     assert inspect.isfunction(modeling.apply_rotary_pos_emb_vision), "transformers' rotary is patched"
-    model = e2e.make_vision_model(worker.FAMILY, device=device, **e2e.QUICK_OMNI)
+    model = models.make_vision_model(worker.FAMILY, device=device, **models.QUICK_OMNI)
     outputs, total = [], 0
     for rank in range(len(worker.GRIDS)):
-        out, loss = e2e.step(model, *worker.images(model, rank))
-        outputs.append([o.detach().cpu() for o in e2e.output_tensors(out)])
+        out, loss = models.step(model, *worker.images(model, rank))
+        outputs.append([o.detach().cpu() for o in models.output_tensors(out)])
         total = total + loss / len(worker.GRIDS)
     total.backward()
     return outputs, {n: None if p.grad is None else p.grad.cpu() for n, p in model.named_parameters()}

@@ -5,7 +5,6 @@ process that has not loaded the kernel it runs transformers' function and gives 
 eager outputs."""
 
 import copy
-import importlib
 import pickle
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 import torch
 from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
 
-from rope_bwd_triton import REPO_ROOT, e2e
+from rope_bwd_triton import REPO_ROOT, models
 from rope_bwd_triton.suite import rel_err
 
 FAMILY = "qwen3_omni_moe"
@@ -41,10 +40,6 @@ LOAD = textwrap.dedent("""
 """)
 
 
-def modeling():
-    return importlib.import_module(f"transformers.models.{FAMILY}.modeling_{FAMILY}")
-
-
 @pytest.fixture
 def integrations(kernel):
     yield kernel.integrations
@@ -65,16 +60,16 @@ def outputs(model, inputs):
 
 @pytest.mark.kernels_ci
 def test_saved_models_load_in_a_fresh_process(kernel, integrations, tmp_path):
-    eager = e2e.make_vision_model(FAMILY, **e2e.QUICK_OMNI)
-    inputs = e2e.make_images(eager, GRIDS)
+    eager = models.make_vision_model(FAMILY, **models.QUICK_OMNI)
+    inputs = models.make_images(eager, GRIDS)
     ref = outputs(eager, inputs)
     saved = {}
     saved["kernelizable"] = copy.deepcopy(eager)
     integrations.make_kernelizable(saved["kernelizable"])
     saved["kernelized"] = kernelized(integrations, copy.deepcopy(eager))
-    layer = modeling().apply_rotary_pos_emb_vision
+    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
     assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward
-    saved["built_after"] = e2e.make_vision_model(FAMILY, **e2e.QUICK_OMNI)  # attached by the constructor
+    saved["built_after"] = models.make_vision_model(FAMILY, **models.QUICK_OMNI)  # attached by the constructor
     for name, model in saved.items():
         attns = [m for m in model.modules() if getattr(m, "_kernel_funcs", None)]
         assert attns and all(a._kernel_funcs[integrations.LAYER_NAME] is layer for a in attns), name
@@ -97,19 +92,19 @@ def test_saved_models_load_in_a_fresh_process(kernel, integrations, tmp_path):
 def test_loaded_in_a_patched_process(kernel, integrations):
     """Loaded where the patch is live: the model calls the process's layer (a module global),
     and kernelize reaches it again through make_kernelizable."""
-    eager = e2e.make_vision_model(FAMILY, **e2e.QUICK_OMNI)
-    inputs = e2e.make_images(eager, GRIDS)
+    eager = models.make_vision_model(FAMILY, **models.QUICK_OMNI)
+    inputs = models.make_images(eager, GRIDS)
     ref = outputs(eager, inputs)
     model = kernelized(integrations, copy.deepcopy(eager))
     loaded = pickle.loads(pickle.dumps(model))
     assert not any(getattr(m, "_kernel_funcs", None) for m in loaded.modules())
     assert rel_err(outputs(loaded, inputs), ref) < TOL
     loaded = kernelized(integrations, loaded)
-    layer = modeling().apply_rotary_pos_emb_vision
+    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
     assert all(
         a._kernel_funcs[integrations.LAYER_NAME] is layer
         for a in loaded.modules()
-        if isinstance(a, modeling().Qwen3OmniMoeVisionAttention)
+        if isinstance(a, models.modeling_module(FAMILY).Qwen3OmniMoeVisionAttention)
     )
     assert rel_err(outputs(loaded, inputs), ref) < TOL
 
@@ -118,10 +113,10 @@ def test_the_layer_pickles_as_transformers_function(kernel, integrations):
     """Pickled on its own, the layer is transformers' global by name: this process's layer
     while patched, transformers' function once restored. A deepcopy keeps it."""
     integrations.make_kernelizable(families=[FAMILY])
-    layer = modeling().apply_rotary_pos_emb_vision
+    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
     data = pickle.dumps(layer)
     assert b"rope_bwd" not in data  # nothing of this package: loads without it
     assert pickle.loads(data) is layer and copy.deepcopy(layer) is layer
     integrations.restore_transformers()
-    original = modeling().apply_rotary_pos_emb_vision
+    original = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
     assert original is not layer and pickle.loads(data) is original

@@ -1,8 +1,8 @@
-"""Publishing in the layout of kernel-builder's upload: the card (front matter
-`library_name: kernels`) as README.md on main; the build variants and
-benchmarks/benchmark*.py on v1. The dry run prints exactly those operations, the
-offline twin holds exactly those files per branch, and it serves the exact user
-calls in a fresh process with HF_HUB_OFFLINE=1 and the network refused:
+"""Publishing in the layout of kernel-builder's upload: the card (README.md's card part under
+the front matter `library_name: kernels`) as README.md on main; the build variants and
+benchmarks/benchmark*.py on v1. The dry run writes the card and prints exactly those
+operations, the offline twin holds exactly those files per branch, and it serves the exact
+user calls in a fresh process with HF_HUB_OFFLINE=1 and the network refused:
 kernels.get_kernel(<repo-id>, version=1, trust_remote_code=True) and kernelize
 through the package's mapping."""
 
@@ -10,11 +10,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from argparse import Namespace
 
+import pytest
 from huggingface_hub import metadata_load
 
-from rope_bwd_triton import REPO_ROOT, publish
+from rope_bwd_triton import REPO_ROOT, cli, publish
+from rope_bwd_triton import __main__ as toolkit
 from rope_bwd_triton.build import repo_id
 
 VARIANT_FILES = {
@@ -94,6 +95,19 @@ def test_operations_are_kernel_builders_layout():
     ]
 
 
+def test_card_is_readmes_card_part():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert (REPO_ROOT / "CARD.md").read_text() == publish.render_card(readme)
+    body = readme.split(publish.START)[1].split(publish.END)[0]
+    assert 'get_kernel("rope-bwd/rope-bwd", version=1' in body and "## Performance" in body
+    assert "](" not in body.replace("](https://", ""), "a relative link would break on the Hub page"
+
+
+def test_card_needs_the_markers():
+    with pytest.raises(cli.UsageError, match="card:start"):
+        publish.render_card("# no card part\n")
+
+
 def test_card_is_a_kernels_card():
     """The Hub lists the repository under the kernels library; kernel-builder's fill-card renders
     CARD.md as a template, which leaves a card without template syntax as it is."""
@@ -102,17 +116,37 @@ def test_card_is_a_kernels_card():
     assert not any(token in text for token in ("{{", "{%", "{#"))
 
 
-def test_dry_run_prints_exactly_the_operations(capsys, monkeypatch):
+@pytest.fixture
+def card(monkeypatch, tmp_path):
+    """Where publish writes the card in these tests: not over the checkout's CARD.md, which
+    test_card_is_readmes_card_part judges."""
+    monkeypatch.setattr(publish, "CARD", tmp_path / "CARD.md")
+    return publish.CARD
+
+
+def test_card_only_writes_the_card_and_check_card_judges_it(capsys, card):
+    card.write_text("stale\n")
+    assert toolkit.main(["publish", "--check-card"]) == 1
+    assert "is out of date" in capsys.readouterr().err and card.read_text() == "stale\n"
+    assert toolkit.main(["publish", "--card-only"]) == 0
+    assert capsys.readouterr().out == f"wrote {card}\n"
+    assert card.read_text() == publish.render_card((REPO_ROOT / "README.md").read_text())
+    assert toolkit.main(["publish", "--check-card"]) == 0
+
+
+def test_dry_run_writes_the_card_and_prints_exactly_the_operations(capsys, monkeypatch, card):
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "HfApi", None)  # a dry run must not talk to the Hub
-    assert publish.main(Namespace(repo_id="org/name", dry_run=True, to_cache=None)) == 0
+    assert toolkit.main(["publish", "--dry-run", "--repo-id", "org/name"]) == 0
     lines = capsys.readouterr().out.splitlines()
     ops = publish.operations()
+    assert card.read_text() == publish.render_card((REPO_ROOT / "README.md").read_text())
     assert lines == [
+        f"wrote {card}",
         "would upload to kernel repository org/name (kernel-builder's upload layout):",
         "branch main:",
-        "  add CARD.md -> README.md",
+        f"  add {card} -> README.md",
         "branch v1:",
         *(f"  add {src.relative_to(REPO_ROOT)} -> {rel}" for src, rel in ops["v1"]),
         "  delete files matching build/torch-cpu/**, build/torch-cuda/**, benchmarks/benchmark*.py"

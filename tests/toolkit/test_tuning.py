@@ -1,5 +1,5 @@
-"""Launch-configuration lookup: tuned JSON per GPU name and bucket, the default
-for unknown GPUs and buckets, the shipped files, and the tune command."""
+"""Launch-configuration lookup: tuned JSON per GPU name, Triton version and bucket, the
+default for unknown GPUs and buckets, the shipped files, and the tune command."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rope_bwd_triton import REPO_ROOT, tune
+from rope_bwd_triton.load import submodule
 
 SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")
 
@@ -26,12 +27,21 @@ def _next_pow2(n):
 @pytest.fixture
 def tuning(kernel, monkeypatch, tmp_path):
     """The loaded package's tuning module, reading configs from tmp_path, on a GPU named 'Fake GPU 9000'."""
-    t = kernel.tuning
+    t = submodule(kernel, "tuning")
     monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
     monkeypatch.setattr(t, "_device_props", lambda device: ("Fake GPU 9000", 132))
-    t.tuned_table.cache_clear()
+    _clear(t)
     yield t
-    t.tuned_table.cache_clear()
+    _clear(t)  # the launch path's cache must not keep this fake GPU's entries for later tests
+
+
+def _clear(tuning):
+    tuning.tuned_table.cache_clear()
+    tuning._lookup.cache_clear()
+
+
+def _write(tuning, tables):
+    tuning.config_file("Fake GPU 9000").write_text(json.dumps(tables))
 
 
 def test_symbolic_seq_len_picks_the_config_of_its_hint_without_a_guard(kernel):
@@ -40,29 +50,30 @@ def test_symbolic_seq_len_picks_the_config_of_its_hint_without_a_guard(kernel):
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    launch = submodule(kernel, "launch")
     env = ShapeEnv()
     S = env.create_symintnode(env.create_symbol(4097, ConstantSource("S")), hint=4097)
-    assert kernel.ops._size_hint(S) == 4097 and kernel.ops._size_hint(4097) == 4097
+    assert launch._size_hint(S) == 4097 and launch._size_hint(4097) == 4097
     assert not env.guards
-    assert kernel.ops._size_hint(env.create_unbacked_symint()) == 4096  # data-dependent: no hint
+    assert launch._size_hint(env.create_unbacked_symint()) == 4096  # data-dependent: no hint
 
 
 def test_tuned_config_is_looked_up_by_gpu_name_and_bucket(tuning, tmp_path):
     S, H, D = 2213, 16, 128
     tuned = {"BLOCK_S": 2, "BLOCK_D": 16, "BLOCK_R": 4, "num_warps": 2}
     key = tuning.bucket("bwd", S, 2 * H, D, 4)
-    assert tuning.device_file("Fake GPU 9000") == tmp_path / "Fake_GPU_9000.json"
-    (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps({key: tuned}))
+    assert tuning.config_file("Fake GPU 9000") == tmp_path / "Fake_GPU_9000.json"
+    _write(tuning, {tuning.triton_version(): {key: tuned}})
 
-    assert tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu")) == tuned
+    assert tuning.get_config("bwd", S, H, H, D, 4, torch.device("cpu")) == tuned
     # another S of the same bucket shares the entry; another dtype is another bucket
-    assert tuning.config_for("bwd", 4096, H, H, D, 4, torch.device("cpu")) == tuned
-    assert tuning.config_for("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config(
+    assert tuning.get_config("bwd", 4096, H, H, D, 4, torch.device("cpu")) == tuned
+    assert tuning.get_config("bwd", S, H, H, D, 2, torch.device("cpu")) == tuning.default_config(
         "bwd", 4096, 2 * H, D, 2, 132
     )
 
 
-def test_layout_entries_take_precedence_and_fall_back(tuning, tmp_path):
+def test_layout_entries_take_precedence_and_fall_back(tuning):
     """A bucket's entry for sdpa's gradient layout serves that layout; a bucket without one
     serves it the layout-free entry; other layouts never see it."""
     H, D = 16, 72
@@ -71,40 +82,33 @@ def test_layout_entries_take_precedence_and_fall_back(tuning, tmp_path):
     table = {tuning.bucket("bwd_qk", S, 2 * H, D, 2): generic for S in (1024, 4096)}
     table[tuning.bucket("bwd_qk", 4096, 2 * H, D, 2, "sdpa")] = sdpa
     assert tuning.bucket("bwd_qk", 4096, 2 * H, D, 2, "sdpa") == "bwd_qk-D72-R32-b2-S4096-sdpa"
-    (tmp_path / "Fake_GPU_9000.json").write_text(json.dumps(table))
+    _write(tuning, {tuning.triton_version(): table})
     cpu = torch.device("cpu")
-    assert tuning.config_for("bwd_qk", 3000, H, H, D, 2, cpu, "sdpa") == sdpa
-    try:
-        assert tuning.cached_config("bwd_qk", 3000, H, H, D, 2, cpu, "sdpa") == sdpa
-    finally:  # the launch path's cache must not keep this fake GPU's entry for later tests
-        tuning._cached_bucket_config.cache_clear()
-    assert tuning.config_for("bwd_qk", 3000, H, H, D, 2, cpu) == generic
-    assert tuning.config_for("bwd_qk", 1000, H, H, D, 2, cpu, "sdpa") == generic
+    assert tuning.get_config("bwd_qk", 3000, H, H, D, 2, cpu, "sdpa") == sdpa
+    assert tuning.get_config("bwd_qk", 3000, H, H, D, 2, cpu) == generic
+    assert tuning.get_config("bwd_qk", 1000, H, H, D, 2, cpu, "sdpa") == generic
 
 
-@pytest.mark.parametrize("later", [False, True])
-def test_later_triton_table_overrides_only_there(tuning, tmp_path, monkeypatch, later):
-    """Triton 3.7 and later lay out the kernel's tiles otherwise than 3.6: their table's
-    entries override the GPU's table there, and are never read by 3.6 and before."""
+@pytest.mark.parametrize(
+    "version,table", [("3.5", None), ("3.6", "3.6"), ("3.8", "3.7"), ("3.9", "3.9"), ("3.10", "3.9"), ("4.0", "3.9")]
+)
+def test_a_triton_reads_the_newest_table_not_above_its_version(tuning, monkeypatch, version, table):
+    """Tile layouts change between Triton releases: each table serves its version and the later
+    ones up to the next table; a Triton older than every table gets the default."""
     H, D = 16, 72
-    key, other = (tuning.bucket("bwd_qk", 4096, 2 * H, D, 2, layout) for layout in ("sdpa", ""))
-    base = {key: {"BLOCK_S": 2, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 4}}
-    base[other] = {"BLOCK_S": 1, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 2}
-    overlay = {key: {"BLOCK_S": 1, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": 1}}
-    assert tuning.device_file("Fake GPU 9000", True) == tmp_path / "Fake_GPU_9000.from-triton-3.7.json"
-    tuning.device_file("Fake GPU 9000").write_text(json.dumps(base))
-    tuning.device_file("Fake GPU 9000", True).write_text(json.dumps(overlay))
-    monkeypatch.setattr(tuning, "later_triton", lambda: later)
-    cpu = torch.device("cpu")
-    assert tuning.config_for("bwd_qk", 4000, H, H, D, 2, cpu, "sdpa") == (overlay if later else base)[key]
-    assert tuning.config_for("bwd_qk", 4000, H, H, D, 2, cpu) == base[other]  # not in the overlay: the GPU's
+    key = tuning.bucket("bwd_qk", 4096, 2 * H, D, 2)
+    tables = {v: {key: {"BLOCK_S": 1, "BLOCK_D": 64, "BLOCK_R": 32, "num_warps": w}} for v, w in
+              (("3.6", 1), ("3.7", 2), ("3.9", 4))}  # fmt: skip
+    _write(tuning, tables)
+    monkeypatch.setattr(tuning, "triton_version", lambda: version)
+    got = tuning.get_config("bwd_qk", 4000, H, H, D, 2, torch.device("cpu"))
+    assert got == (tables[table][key] if table else tuning.default_config("bwd_qk", 4096, 2 * H, D, 2, 132))
 
 
-def test_later_triton_is_this_tritons_tile_order(kernel):
+def test_triton_version_is_the_installed_major_minor(kernel):
     import triton
 
-    version = tuple(int(n) for n in triton.__version__.split(".")[:2])
-    assert kernel.tuning.later_triton() is (version >= (3, 7))
+    assert submodule(kernel, "tuning").triton_version() == ".".join(triton.__version__.split(".")[:2])
 
 
 @pytest.mark.kernels_ci
@@ -115,21 +119,19 @@ def test_one_config_per_bucket(tuning, mode, elem):
     largest S's default), so that a new S never compiles a new kernel."""
     configs = {}
     for S in range(1, 20000, 37):
-        cfg = tuning.config_for(mode, S, 16, 16, 72, elem, torch.device("cpu"))
+        cfg = tuning.get_config(mode, S, 16, 16, 72, elem, torch.device("cpu"))
         configs.setdefault(tuning.s_bucket(S), set()).add(tuple(cfg.items()))
     assert all(len(c) == 1 for c in configs.values()) and len(configs) == 5
     assert configs["S256"] == {tuple(tuning.default_config(mode, 256, 32, 72, elem, 132).items())}
 
 
 @pytest.mark.parametrize("case", ["unknown GPU", "unknown bucket"])
-def test_falls_back_to_default_config(tuning, tmp_path, case):
+def test_falls_back_to_default_config(tuning, case):
     S, H, D = 1024, 16, 72
     if case == "unknown bucket":
         other = tuning.bucket("fwd", S, 2 * H, 128, 4)
-        (tmp_path / "Fake_GPU_9000.json").write_text(
-            json.dumps({other: {"BLOCK_S": 8, "BLOCK_D": 8, "BLOCK_R": 2, "num_warps": 1}})
-        )
-    cfg = tuning.config_for("bwd", S, H, H, D, 4, torch.device("cpu"))
+        _write(tuning, {tuning.triton_version(): {other: {"BLOCK_S": 8, "BLOCK_D": 8, "BLOCK_R": 2, "num_warps": 1}}})
+    cfg = tuning.get_config("bwd", S, H, H, D, 4, torch.device("cpu"))
     assert cfg == tuning.default_config("bwd", tuning.bucket_size(tuning.s_bucket(S)), 2 * H, D, 4, 132)
 
 
@@ -140,7 +142,7 @@ def test_falls_back_to_default_config(tuning, tmp_path, case):
 @pytest.mark.parametrize("elem", [2, 4])
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "bwd_qk"])
 def test_default_config_is_valid_and_fills_the_gpu(kernel, mode, S, R, D, n_sm, elem):
-    cfg = kernel.tuning.default_config(mode, S, R, D, elem, n_sm)
+    cfg = submodule(kernel, "tuning").default_config(mode, S, R, D, elem, n_sm)
     half = D // 2
     assert set(cfg) == set(SEARCHED)
     assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and _pow2(cfg["BLOCK_R"])
@@ -155,12 +157,15 @@ def test_default_config_is_valid_and_fills_the_gpu(kernel, mode, S, R, D, n_sm, 
 
 
 def test_shipped_configs_are_valid_and_ship_in_the_build(kernel):
+    tuning = submodule(kernel, "tuning")
     source = REPO_ROOT / "torch-ext" / "rope_bwd" / "configs"
-    shipped = kernel.tuning.CONFIG_DIR
+    shipped = tuning.CONFIG_DIR
     assert sorted(p.name for p in source.glob("*.json")) == sorted(p.name for p in shipped.glob("*.json"))
     for path in shipped.glob("*.json"):
-        for key, cfg in json.loads(path.read_text()).items():
-            assert key.split("-")[0] in kernel.tuning.MODES, (path.name, key)
+        tables = json.loads(path.read_text())
+        assert tables and all(re.fullmatch(r"\d+\.\d+", version) for version in tables), path.name
+        for key, cfg in ((key, cfg) for table in tables.values() for key, cfg in table.items()):
+            assert key.split("-")[0] in tuning.MODES, (path.name, key)
             D = int(re.search(r"-D(\d+)-", key).group(1))
             assert set(cfg) == set(SEARCHED), (path.name, key)
             assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and cfg["BLOCK_D"] <= _next_pow2(D // 2)
@@ -181,10 +186,22 @@ def test_tune_candidates_and_merge(tmp_path):
     assert tune.candidate_ok({**c, "num_warps": 2}) and tune.candidate_ok({**c, "BLOCK_S": 2})
     assert tune.candidate_ok(dict(BLOCK_S=1, BLOCK_D=64, BLOCK_R=32, num_warps=1))  # 32 per thread
     assert not tune.candidate_ok(dict(BLOCK_S=8, BLOCK_D=64, BLOCK_R=32, num_warps=8))  # MAX_TILE
+
+
+def test_tune_writes_into_its_tritons_table(tmp_path):
+    """A table keeps its other buckets; an absent one starts from the newest older table (each
+    table is complete), never from a newer one."""
     path = tmp_path / "gpu.json"
-    tune.merge_write(path, {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 2}})
-    tune.merge_write(path, {"b": {"BLOCK_S": 4}})
-    assert json.loads(path.read_text()) == {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 4}}
+    tune.merge_write(path, {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 2}}, "3.6")
+    tune.merge_write(path, {"b": {"BLOCK_S": 4}}, "3.6")
+    assert json.loads(path.read_text()) == {"3.6": {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 4}}}
+    tune.merge_write(path, {"c": {"BLOCK_S": 8}}, "3.10")
+    tune.merge_write(path, {"b": {"BLOCK_S": 1}}, "3.7")
+    tables = json.loads(path.read_text())
+    assert list(tables) == ["3.6", "3.7", "3.10"]  # in version order
+    assert tables["3.6"] == {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 4}}
+    assert tables["3.7"] == {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 1}}
+    assert tables["3.10"] == {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 4}, "c": {"BLOCK_S": 8}}
 
 
 def _interpreter_runs_loops() -> bool:
@@ -202,7 +219,7 @@ def _interpreter_runs_loops() -> bool:
 
 def _tune(tmp_path, *options, device="cpu"):
     """Run the tune command on one bucket (bwd fp32, head_dim 16, 2+2 heads, S=5) writing into
-    tmp_path (as <device>.json: the table file of a GPU named so); returns the table and the log."""
+    tmp_path (as <device>.json: the file of a GPU named so); returns its Triton's table and the log."""
     out, log = tmp_path / f"{device}.json", tmp_path / "log.json"
     cmd = [
         sys.executable,
@@ -234,7 +251,9 @@ def _tune(tmp_path, *options, device="cpu"):
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(out.read_text()), json.loads(log.read_text())
+    tables, log = json.loads(out.read_text()), json.loads(log.read_text())
+    assert list(tables) == [log["triton"]]  # the installed Triton's table, in a new file
+    return tables[log["triton"]], log
 
 
 BUCKET = ("bwd", 5, 4, 16, 4)  # tuning.bucket() arguments of _tune's bucket
@@ -248,7 +267,7 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
     """The whole tune path on the CPU, in Triton's interpreter (timings meaningless);
     the package then finds the written bucket."""
     table, log = _tune(tmp_path, *search)
-    t = kernel.tuning
+    t = submodule(kernel, "tuning")
     key = t.bucket(*BUCKET)
     assert list(table) == [key] and set(table[key]) == set(SEARCHED)
     assert log["buckets"][key]["tried"] and not log["not_tuned"] and "precompile" not in log
@@ -257,11 +276,11 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
         assert GRID_16 <= {tuple(c[k] for k in SEARCHED) for c in log["buckets"][key]["tried"]}
 
     monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
-    t.tuned_table.cache_clear()
+    _clear(t)
     try:
-        assert t.config_for("bwd", 5, 2, 2, 16, 4, torch.device("cpu")) == table[key]
+        assert t.get_config("bwd", 5, 2, 2, 16, 4, torch.device("cpu")) == table[key]
     finally:
-        t.tuned_table.cache_clear()
+        _clear(t)
 
 
 @pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
@@ -270,7 +289,7 @@ def test_tune_for_sdpa_gradient_layout_writes_entries_of_its_own(kernel, tmp_pat
     writes the bucket's entry for that layout (test_layout_entries_take_precedence_and_fall_back:
     how the package reads it)."""
     table, log = _tune(tmp_path, "--layout", "sdpa")
-    key = kernel.tuning.bucket(*BUCKET, "sdpa")
+    key = submodule(kernel, "tuning").bucket(*BUCKET, "sdpa")
     assert list(table) == [key] and key.endswith("-sdpa") and log["buckets"][key]["tried"]
 
 
@@ -278,16 +297,18 @@ def test_shared_search_writes_to_the_bucket_of_every_size(kernel):
     """--shared: the winner of one search over the sizes of several buckets goes under each
     bucket's key, so that those sizes share one compiled kernel; without it, under the first's."""
     sizes = (256, 1024, 2213, 4096, 16384, 65536)
-    keys = tune.target_keys(kernel.tuning, "bwd_qk", sizes, 32, 72, 2, "sdpa", True)
+    keys = tune.target_keys(submodule(kernel, "tuning"), "bwd_qk", sizes, 32, 72, 2, "sdpa", True)
     assert keys == [f"bwd_qk-D72-R32-b2-{b}-sdpa" for b in ("S256", "S1024", "S4096", "S16384", "Sbig")]
-    assert tune.target_keys(kernel.tuning, "bwd_qk", sizes, 32, 72, 2, "", False) == ["bwd_qk-D72-R32-b2-S256"]
+    assert tune.target_keys(submodule(kernel, "tuning"), "bwd_qk", sizes, 32, 72, 2, "", False) == [
+        "bwd_qk-D72-R32-b2-S256"
+    ]
 
 
 @pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
 def test_tune_shared_ranked_by_span_writes_where_it_says(kernel, tmp_path):
     """The command with --shared and the span timer's code path: its log names the keys written."""
     table, log = _tune(tmp_path, "--shared", "--timer", "span")
-    key = kernel.tuning.bucket(*BUCKET)
+    key = submodule(kernel, "tuning").bucket(*BUCKET)
     assert list(table) == [key] and log["buckets"][key]["written_to"] == [key]
 
 
@@ -297,7 +318,7 @@ def test_tune_on_a_gpu_compiles_the_grid_in_worker_processes_first(kernel, tmp_p
     checks and times each of them in the parent process."""
     assert {tuple(c[k] for k in SEARCHED) for c in tune.grid(16, 4)} == GRID_16
     table, log = _tune(tmp_path, "--grid", "--jobs", "2", device="cuda")
-    key = kernel.tuning.bucket(*BUCKET)
+    key = submodule(kernel, "tuning").bucket(*BUCKET)
     assert log["precompile"]["compiled"] == log["precompile"]["candidates"] == len(GRID_16)
     tried = log["buckets"][key]["tried"]
     assert GRID_16 <= {tuple(c[k] for k in SEARCHED) for c in tried}
