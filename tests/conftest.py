@@ -7,9 +7,10 @@ LOCAL_KERNELS must name where the variants are (hub CI sets it; in the repositor
 root conftest.py builds build/ and sets it). Every test runs offline (tests/offline.py).
 
 Under TRITON_INTERPRET=1 (scripts/test.sh's second pass: the Triton kernel itself runs
-on CPU tensors, a few hundred times slower than on the PyTorch path) only the tests and
-parametrizations marked `interpret` are collected: each kernel branch and layout once, on
-small shapes, rather than the whole product of parameters that the CPU and GPU passes run.
+on CPU tensors, a few hundred times slower than on the PyTorch path) only the package tests
+and parametrizations marked `interpret` are collected (tests/*.py; the toolkit's own tests
+choose their sizes themselves): each kernel branch and layout once, on small shapes, rather
+than the whole product of parameters that the CPU and GPU passes run.
 `@pytest.mark.interpret` keeps every parametrization of a test; `@pytest.mark.interpret(
 name=value or [values], ...)` those whose parameters take these values; several such marks
 keep the union. ROPE_INTERPRET_ALL=1 keeps everything.
@@ -18,6 +19,7 @@ keep the union. ROPE_INTERPRET_ALL=1 keeps everything.
 import os
 import types
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,7 +72,8 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
     if INTERPRET and os.environ.get("ROPE_INTERPRET_ALL") != "1":
-        dropped = [item for item in items if not _interpreted(item)]
+        here = Path(__file__).parent
+        dropped = [item for item in items if item.path.parent == here and not _interpreted(item)]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             kept = set(map(id, dropped))
