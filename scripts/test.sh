@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
-# The tests, on a fresh machine too: sets up .venv, runs the whole suite (CPU
-# tensors through the PyTorch path; CUDA tests when a GPU is present), then the
-# kernel-correctness files again with TRITON_INTERPRET=1, so that the Triton
-# kernels themselves run in Triton's interpreter on CPU tensors; then hub CI's test
-# step in its own environment (scripts/hub-ci.sh) and the workflows' lint. Ruff's lint and
-# format check come first.
+# The tests, on a fresh machine too: sets up .venv, runs ruff's lint and format check, the
+# whole suite (CPU tensors through the PyTorch path; CUDA tests when a GPU is present), then
+# the package tests again with TRITON_INTERPRET=1, so that the Triton kernel itself runs in
+# Triton's interpreter on CPU tensors (only the cases marked `interpret`: each kernel branch
+# and layout once, on small shapes; tests/conftest.py), then hub CI's test step in its own
+# environment (scripts/hub-ci.sh) and the workflows' lint. Arguments go to both pytest runs.
+# Each stage's wall time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+times=()
+stage() {  # stage NAME COMMAND...: run it, note its time
+  local name=$1 start=$SECONDS
+  shift
+  echo "=== $name"
+  "$@"
+  times+=("$name: $((SECONDS - start)) s")
+}
+report() {
+  printf '%s\n' "${times[@]}"
+}
+trap report EXIT
 PY=.venv/bin/python
-.venv/bin/ruff check . && .venv/bin/ruff format --check .  # lint and format (pyproject.toml)
-$PY -m pytest -q "$@"
-TRITON_INTERPRET=1 $PY -m pytest -q tests/test_ops.py tests/test_special_values.py tests/test_bad_input.py \
-    tests/test_specialization.py tests/test_autograd_transforms.py tests/test_dtypes.py "$@"
-bash scripts/hub-ci.sh
-bash scripts/lint-workflows.sh
+stage setup bash scripts/setup.sh
+stage ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'  # configured in pyproject.toml
+stage suite $PY -m pytest -q "$@"
+stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q tests/test_*.py "$@"
+stage hub-ci bash scripts/hub-ci.sh
+stage lint-workflows bash scripts/lint-workflows.sh

@@ -5,10 +5,21 @@ kernels and pytest installed, LOCAL_KERNELS naming the build).
 The kernel is loaded the way users load it, kernels.get_kernel(<repo-id>, version=1);
 LOCAL_KERNELS must name where the variants are (hub CI sets it; in the repository the
 root conftest.py builds build/ and sets it). Every test runs offline (tests/offline.py).
+
+Under TRITON_INTERPRET=1 (scripts/test.sh's second pass: the Triton kernel itself runs
+on CPU tensors, a few hundred times slower than on the PyTorch path) only the package tests
+and parametrizations marked `interpret` are collected (tests/*.py; the toolkit's own tests
+choose their sizes themselves): each kernel branch and layout once, on small shapes, rather
+than the whole product of parameters that the CPU and GPU passes run.
+`@pytest.mark.interpret` keeps every parametrization of a test; `@pytest.mark.interpret(
+name=value or [values], ...)` those whose parameters take these values; several such marks
+keep the union. ROPE_INTERPRET_ALL=1 keeps everything.
 """
 
 import os
+import types
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +36,9 @@ def pytest_configure(config):
     # Here rather than in pyproject.toml, which hub CI replaces with kernel-builder's.
     config.addinivalue_line("markers", "kernels_ci: fast subset that hub CI runs (`nix run .#ci-test`)")
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line(
+        "markers", "interpret(**params): the parametrizations collected under TRITON_INTERPRET=1 (tests/conftest.py)"
+    )
     # torch.compile users would see it: dynamo traced through a cache of ours
     config.addinivalue_line(
         "filterwarnings", "error:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning"
@@ -33,11 +47,23 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    cpu_path = "Triton kernels in the interpreter" if INTERPRET else "PyTorch path"
+    cpu_path = "Triton kernels in the interpreter (interpret-marked cases)" if INTERPRET else "PyTorch path"
     return (
         f"rope-bwd: CPU tensors run the {cpu_path}; CUDA {'available' if HAS_CUDA else 'not available'}; "
         f"LOCAL_KERNELS={os.environ.get('LOCAL_KERNELS')}"
     )
+
+
+def _interpreted(item) -> bool:
+    """Whether an interpret mark of the item selects its parametrization."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    for mark in item.iter_markers("interpret"):
+        unknown = set(mark.kwargs) - set(params)
+        if unknown:  # a misspelt name would drop the test without a word
+            raise pytest.UsageError(f"{item.nodeid}: interpret mark names no parameter {sorted(unknown)}")
+        if all(params[n] in (v if isinstance(v, list) else [v]) for n, v in mark.kwargs.items()):
+            return True
+    return False
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,6 +71,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+    if INTERPRET and os.environ.get("ROPE_INTERPRET_ALL") != "1":
+        here = Path(__file__).parent
+        dropped = [item for item in items if item.path.parent == here and not _interpreted(item)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            kept = set(map(id, dropped))
+            items[:] = [item for item in items if id(item) not in kept]
 
 
 @pytest.fixture(autouse=True)
@@ -71,3 +104,23 @@ def gen(request):
     and a failure reproduces. ROPE_SEED=<int> changes every draw."""
     seed = zlib.crc32(request.node.nodeid.encode()) ^ int(os.environ.get("ROPE_SEED", "0"))
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def launches(kernel, monkeypatch):
+    """The kernel launches of the test, "fwd" or "bwd" each: the ops reach launch.py only
+    through ops._launch(), on the kernel's path, so counting there imports no Triton where
+    the PyTorch path runs (hub CI has none)."""
+    calls = []
+    real = kernel.ops._launch
+
+    def counted(direction):
+        def launch(**kwargs):
+            calls.append(direction)
+            return getattr(real(), f"launch_{direction}")(**kwargs)
+
+        return launch
+
+    proxy = types.SimpleNamespace(launch_fwd=counted("fwd"), launch_bwd=counted("bwd"))
+    monkeypatch.setattr(kernel.ops, "_launch", lambda: proxy)
+    return calls

@@ -1,5 +1,6 @@
 """What package tests share besides the reference math: the kernel's repo-id, the
-devices to run on, and what torch.compile'd code runs of ours."""
+devices to run on, which compute path a device takes, and what torch.compile'd code
+runs of ours."""
 
 import contextlib
 import importlib
@@ -18,8 +19,14 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
 
+def kernel_path(device) -> bool:
+    """Whether float32/bf16/fp16 tensors on `device` run the Triton kernel (else the PyTorch path)."""
+    return device == "cuda" or INTERPRET
+
+
 def submodule(kernel, name: str):
-    """A module of the loaded variant that its __init__ does not import (e.g. rotary_triton)."""
+    """A module of the loaded variant that its __init__ does not import (launch, fast_launch, ...:
+    they import Triton, which hub CI's CPU environment lacks)."""
     return importlib.import_module(f"{kernel.__name__}.{name}")
 
 
@@ -27,8 +34,7 @@ def compiled_calls(kernel, code: str) -> set:
     """What the compiled code runs of ours: "kernel" (rotary_kernel launched by inductor),
     the names of our ops it calls."""
     ns = kernel._ops.add_op_namespace_prefix("").removesuffix("::")
-    names = {"rotary_fwd", "rotary_bwd", "rotary_fwd_opaque", "rotary_bwd_opaque"}
-    calls = {n for n in names if f"torch.ops.{ns}.{n}.default(" in code}
+    calls = {n for n in ("rotary_fwd", "rotary_bwd", "rope_bwd_out") if f"torch.ops.{ns}.{n}.default(" in code}
     return calls | ({"kernel"} if "rotary_kernel" in code else set())
 
 

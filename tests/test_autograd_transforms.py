@@ -1,6 +1,8 @@
 """Derivatives past the first backward, for the public functions: double backward
 (create_graph), torch.func (grad, vmap, jvp, hessian, per-sample gradients) and
-forward-mode AD.
+forward-mode AD; rope_fwd's angles, the vision rotary's cos/sin, and cos/sin of
+interleaved pairs over part of each head (the channels past them pass through, so their
+derivatives in the table are zero).
 
 float64 runs the PyTorch path on every device: gradcheck and gradgradcheck there (forward
 mode, batched, i.e. vmap, and forward-over-reverse included) hold the package's rules to
@@ -16,34 +18,30 @@ import torch.autograd.forward_ad as fwAD
 from torch.autograd import gradcheck, gradgradcheck
 
 from . import reference
-from .helpers import DEVICES, INTERPRET
+from .helpers import DEVICES, kernel_path
 
 S, HQ, HK, D = 7, 2, 3, 8
 FP32_TOL = 2e-6  # a few fp32 roundings per element (as in test_ops)
-# form -> (public function, its reference in plain PyTorch, names of its table arguments)
+# form -> (public function, interleaved pairs, names of its table arguments, their width: R < D is
+# partial rotary, here 3 pairs and 2 channels passed through)
 FORMS = {
-    "angles": ("apply_rotary_emb", reference.reference_forward, ("embeddings",)),
-    "vision": ("apply_rotary_pos_emb_vision", reference.reference_vision_forward, ("cos", "sin")),
+    "angles": ("rope_fwd", False, ("embeddings",), D),
+    "vision": ("apply_rotary_pos_emb_vision", False, ("cos", "sin"), D),
+    "vision_interleaved_partial": ("apply_rotary_pos_emb_vision", True, ("cos", "sin"), 6),
 }
 
 
-def kernel_path(device) -> bool:
-    """Whether float32 tensors on `device` run the Triton kernel (else the PyTorch path)."""
-    return device == "cuda" or INTERPRET
+def public(kernel, form):
+    name, interleaved = FORMS[form][:2]
+    fn = getattr(kernel, name)
+    return (lambda *a: fn(*a, interleaved=True)) if interleaved else fn
 
 
-@pytest.fixture
-def launches(kernel, monkeypatch):
-    """The kernel launches of the test (mode of each: adjoint or not)."""
-    calls = []
-    launch = kernel.ops._launch
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs["adjoint"])
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(kernel.ops, "_launch", counted)
-    return calls
+def plain(form):
+    """The form's reference in plain PyTorch (tests/reference.py)."""
+    if form == "angles":
+        return reference.reference_forward
+    return lambda *a: reference.reference_vision_forward(*a, FORMS[form][1])
 
 
 def rnd(gen, *shape, device="cpu", dtype=torch.float32):
@@ -52,7 +50,7 @@ def rnd(gen, *shape, device="cpu", dtype=torch.float32):
 
 def make_inputs(form, gen, device="cpu", dtype=torch.float32, s=S, hq=HQ, hk=HK):
     """(q, k, *tables): fresh random data; the tables are general (halves not equal)."""
-    tables = [rnd(gen, s, D, device=device, dtype=dtype) for _ in FORMS[form][2]]
+    tables = [rnd(gen, s, FORMS[form][3], device=device, dtype=dtype) for _ in FORMS[form][2]]
     return [rnd(gen, s, hq, D, device=device, dtype=dtype), rnd(gen, s, hk, D, device=device, dtype=dtype), *tables]
 
 
@@ -80,7 +78,7 @@ def test_gradcheck_gradgradcheck_float64(kernel, form, which, gen):
     args = make_inputs(form, gen, dtype=torch.float64)
     mask = GRAD_SETS[which] or (True,) * len(args)
     args = [t.requires_grad_(m) for t, m in zip(args, mask)]
-    fn = getattr(kernel, FORMS[form][0])
+    fn = public(kernel, form)
     assert gradcheck(fn, args, check_forward_ad=True, check_batched_grad=True, check_batched_forward_grad=True)
     assert gradgradcheck(fn, args, check_fwd_over_rev=True, check_batched_grad=True)
 
@@ -104,7 +102,7 @@ def test_third_order_float64(kernel, gen):
     weights = [rnd(gen, S, HQ, D, dtype=torch.float64), rnd(gen, S, HK, D, dtype=torch.float64)]
 
     def grads(*leaves):
-        return torch.autograd.grad(kernel.apply_rotary_emb(*leaves), leaves, weights, create_graph=True)
+        return torch.autograd.grad(kernel.rope_fwd(*leaves), leaves, weights, create_graph=True)
 
     assert gradgradcheck(grads, args)
 
@@ -124,19 +122,20 @@ def _double_backward(fn, leaves, weights):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("form", FORMS)
 def test_double_backward(kernel, launches, device, form, gen):
     """create_graph, then differentiate the gradients again: against plain-PyTorch float64."""
-    name, reference, _ = FORMS[form]
     args = make_inputs(form, gen, device)
     weights = [rnd(gen, *o.shape, device=device) for o in (args[0], args[1], *args)]
-    got = _double_backward(getattr(kernel, name), [t.clone().requires_grad_() for t in args], weights)
-    assert (len(launches) > 0) == kernel_path(device) and (True in launches) == kernel_path(device)
-    ref = _double_backward(reference, [t.requires_grad_() for t in f64(args)], f64(weights))
+    got = _double_backward(public(kernel, form), [t.clone().requires_grad_() for t in args], weights)
+    assert (len(launches) > 0) == kernel_path(device) and ("bwd" in launches) == kernel_path(device)
+    ref = _double_backward(plain(form), [t.requires_grad_() for t in f64(args)], f64(weights))
     assert_close(got, ref, f"{form} double backward")
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 def test_double_backward_of_the_real_models_case(kernel, launches, device, gen):
     """cos/sin from a buffer (no table gradient, so q and k are not saved): the double backward
@@ -161,11 +160,11 @@ def _loss(fn, weights):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("form", FORMS)
 def test_func_grad_jvp_and_forward_ad(kernel, launches, device, form, gen):
-    name, reference, _ = FORMS[form]
-    fn = getattr(kernel, name)
+    fn, reference = public(kernel, form), plain(form)
     args = make_inputs(form, gen, device)
     weights = [rnd(gen, S, HQ, D, device=device), rnd(gen, S, HK, D, device=device)]
     tangents = [rnd(gen, *t.shape, device=device) for t in args]
@@ -187,17 +186,18 @@ def test_func_grad_jvp_and_forward_ad(kernel, launches, device, form, gen):
     assert (len(launches) > 0) == kernel_path(device)
 
 
+@pytest.mark.interpret(form="angles")  # the angles' curvature term; partial rotary's tail: above
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("form", FORMS)
 def test_hessian(kernel, launches, device, form, gen):
     """torch.func.hessian (forward over reverse) in the tables and in q. Small: one batched
     launch per call, over one token row per basis vector (the interpreter's time grows with them)."""
-    name, reference, _ = FORMS[form]
+    reference = plain(form)
     args = make_inputs(form, gen, device, s=2, hq=1, hk=2)
     weights = [rnd(gen, *t.shape, device=device) for t in args[:2]]
     nonlinear = lambda fn: lambda *a: _loss(fn, weights)(*a) ** 2  # noqa: E731 (a nonzero hessian in q)
     argnums = (0, 2)
-    got = torch.func.hessian(nonlinear(getattr(kernel, name)), argnums=argnums)(*args)
+    got = torch.func.hessian(nonlinear(public(kernel, form)), argnums=argnums)(*args)
     ref_w = f64(weights)
     ref = torch.func.hessian(lambda *a: _loss(reference, ref_w)(*a) ** 2, argnums=argnums)(*f64(args))
     for i in range(2):
@@ -213,25 +213,28 @@ VMAPS = {  # in_dims of (q, k, *tables), and where the batch sits in the referen
 }
 
 
+@pytest.mark.interpret(form="angles", batching="tables")
+@pytest.mark.interpret(form="vision", batching="all_dim1")
+@pytest.mark.interpret(form="vision_interleaved_partial", batching="q_only")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batching", VMAPS)
 @pytest.mark.parametrize("form", FORMS)
 def test_vmap(kernel, launches, device, form, batching, gen):
-    name, reference, tables = FORMS[form]
     B = 3
-    dims = VMAPS[batching][:2] + (VMAPS[batching][2],) * len(tables)
+    dims = VMAPS[batching][:2] + (VMAPS[batching][2],) * len(FORMS[form][2])
     args = make_inputs(form, gen, device)
     batched = [
         t if d is None else torch.stack([rnd(gen, *t.shape, device=device) for _ in range(B)], d)
         for t, d in zip(args, dims)
     ]
-    got = torch.vmap(getattr(kernel, name), in_dims=dims)(*batched)
-    ref = torch.vmap(reference, in_dims=dims)(*f64(batched))
+    got = torch.vmap(public(kernel, form), in_dims=dims)(*batched)
+    ref = torch.vmap(plain(form), in_dims=dims)(*f64(batched))
     assert_close(got, ref, f"vmap {batching}")
     assert (len(launches) > 0) == kernel_path(device)
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 def test_per_sample_gradients(kernel, launches, device, gen):
     """vmap(grad): one table gradient per sample."""
@@ -239,9 +242,7 @@ def test_per_sample_gradients(kernel, launches, device, gen):
     q, k, e = make_inputs("angles", gen, device)
     qs, ks = (torch.stack([rnd(gen, *t.shape, device=device) for _ in range(B)]) for t in (q, k))
     weights = [rnd(gen, S, HQ, D, device=device), rnd(gen, S, HK, D, device=device)]
-    per_sample = torch.func.vmap(
-        torch.func.grad(_loss(kernel.apply_rotary_emb, weights), argnums=(0, 2)), in_dims=(0, 0, None)
-    )
+    per_sample = torch.func.vmap(torch.func.grad(_loss(kernel.rope_fwd, weights), argnums=(0, 2)), in_dims=(0, 0, None))
     got = per_sample(qs, ks, e)
     for b in range(B):
         leaves = [t.requires_grad_() for t in f64([qs[b], ks[b], e])]
@@ -250,6 +251,7 @@ def test_per_sample_gradients(kernel, launches, device, gen):
     assert (len(launches) > 0) == kernel_path(device)
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 def test_rope_bwd_under_transforms(kernel, launches, device, gen):
     """rope_bwd under vmap and jvp: against plain-PyTorch float64 (vjp of the reference)."""

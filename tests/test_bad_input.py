@@ -5,7 +5,7 @@ what was expected, that no kernel ran (both compute paths are replaced by a
 tripwire), and that nothing was written: inputs and poisoned out= buffers are
 bitwise unchanged. Then the valid edge cases next to them: S = 0, q and k with
 different head counts, a table dtype other than q's, out= as interleaved views of
-one gradient buffer."""
+one gradient buffer, partial rotary tables of every even width up to D."""
 
 import re
 
@@ -83,7 +83,10 @@ def expect_error(kernel, fn, args, exc, match, out=None):
 
 # --------------------------------------------------------------- input cases
 
-FUNCS = ["rope_bwd", "rope_fwd", "apply_rotary_emb", "apply_rotary_pos_emb_vision"]
+FUNCS = ["rope_bwd", "rope_fwd", "apply_rotary_pos_emb_vision"]
+TABLE_WIDTH_ERROR = (
+    r"{name} must be \[S, R\] with R even and at most head_dim 8 \(R < D: partial rotary\), got \(6, {R}\)"
+)
 GRAD_OF = {"grad_q_embed": "q", "grad_k_embed": "k"}
 
 
@@ -147,6 +150,22 @@ def _odd_head_dim(args, name, gen):
     return ValueError, r"q head_dim \(last dimension\) must be even and in 2\.\.256, got 7"
 
 
+def _table_width(R):
+    """cos or sin [S, R] of a width partial rotary does not take (odd, over head_dim, zero)."""
+
+    def mutate(args, name, gen):
+        args[name] = rnd(gen, args[name].device, S, R)
+        return ValueError, TABLE_WIDTH_ERROR.format(name=name, R=R)
+
+    return mutate
+
+
+def _table_mismatch(args, name, gen):
+    """cos and sin of two valid widths (one partial): they must agree."""
+    args[name] = args[name][:, :6]
+    return ValueError, r"sin must have the shape of cos"
+
+
 def _big_head_dim(args, name, gen):
     for n, t in args.items():
         args[n] = rnd(gen, t.device, *t.shape[:-1], 258)
@@ -157,7 +176,11 @@ def _big_head_dim(args, name, gen):
 CASES = [
     ("rank", _rank, None),
     ("seq_len", _seq, lambda n: n != "q"),
-    ("head_dim_mismatch", _dim, lambda n: n != "q"),
+    ("head_dim_mismatch", _dim, lambda n: n not in ("q", "cos", "sin")),  # cos/sin: partial rotary
+    ("odd_table_width", _table_width(7), lambda n: n in ("cos", "sin")),
+    ("table_wider_than_head_dim", _table_width(10), lambda n: n in ("cos", "sin")),
+    ("empty_table_width", _table_width(0), lambda n: n in ("cos", "sin")),
+    ("table_widths_differ", _table_mismatch, lambda n: n in ("cos", "sin")),
     ("heads_mismatch", _heads, lambda n: n in GRAD_OF),
     ("int_dtype", _int, None),
     ("mixed_dtype", _dtype, lambda n: n in ("sin", *GRAD_OF)),  # q and k may differ: test_dtypes
@@ -166,7 +189,7 @@ CASES = [
     ("odd_head_dim", _odd_head_dim, lambda n: n == "q"),
     ("head_dim_over_256", _big_head_dim, lambda n: n == "q"),
 ]
-CI_CASES = {"rank", "int_dtype", "mixed_dtype", "odd_head_dim"}
+CI_CASES = {"rank", "int_dtype", "mixed_dtype", "odd_head_dim", "odd_table_width"}
 
 
 def _input_params():
@@ -341,6 +364,7 @@ def _outputs(kernel, fn, args):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fn", FUNCS)
 def test_empty_sequence(kernel, gen, device, fn):
@@ -358,6 +382,7 @@ def test_empty_sequence(kernel, gen, device, fn):
         assert r.shape == e.shape and r.dtype == e.dtype and r.device == e.device
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_sequence_out(kernel, gen, device):
     args = make_args("rope_bwd", gen, device, s=0)
@@ -367,6 +392,7 @@ def test_empty_sequence_out(kernel, gen, device):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
 def test_different_head_counts_and_table_dtype_are_valid(kernel, gen, device, table_dtype):
@@ -386,6 +412,7 @@ def test_different_head_counts_and_table_dtype_are_valid(kernel, gen, device, ta
         assert reference.rel_err(g, r) <= FP32_TOL
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 def test_out_interleaved_in_one_gradient_buffer(kernel, gen, device):
     """grad_q and grad_k as views of one [S, 3, H, D] buffer (the qkv projection's
@@ -399,6 +426,7 @@ def test_out_interleaved_in_one_gradient_buffer(kernel, gen, device):
     assert dqkv[:, 2].isnan().all(), "the third slot was written"
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fn", FUNCS)
 def test_checks_after_a_valid_call_of_the_same_shapes(kernel, gen, device, fn):
@@ -415,3 +443,19 @@ def test_checks_after_a_valid_call_of_the_same_shapes(kernel, gen, device, fn):
         with pytest.raises(exc, match=f"^{fn}: {name} {match}"):
             getattr(kernel, fn)(*bad.values())
     getattr(kernel, fn)(*args.values())
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.interpret(R=2)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("R", [2, 4, 6, 8])
+def test_every_even_table_width_is_valid(kernel, gen, device, R):
+    """cos/sin [S, R], R even from 2 to D: valid, the first R channels rotated, both pair layouts."""
+    args = make_args("apply_rotary_pos_emb_vision", gen, device)
+    q, k = args["q"], args["k"]
+    cos, sin = args["cos"][:, :R], args["sin"][:, :R]
+    for interleaved in (False, True):
+        got = kernel.apply_rotary_pos_emb_vision(q, k, cos, sin, interleaved=interleaved)
+        ref = reference.reference_vision_forward(*(t.double().cpu() for t in (q, k, cos, sin)), interleaved)
+        for g, r in zip(got, ref):
+            assert reference.rel_err(g, r) <= FP32_TOL

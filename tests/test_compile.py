@@ -1,11 +1,9 @@
 """torch.library.opcheck of the three custom ops, and torch.compile(fullgraph=True)
 of modules that use the public functions: no graph break, same results as eager,
 one compilation for every sequence length once S is marked dynamic, and what the
-compiled code runs: the kernel launched by inductor itself (CUDA, S static or
-dynamic), rotary_torch's math fused by inductor (CPU), or the opaque ops (Triton's
-interpreter)."""
-
-import os
+compiled code runs: the kernel launched by inductor itself on CUDA (S static or dynamic,
+head counts and head_dim too: they are specialized), rotary_torch's math fused by
+inductor on the CPU, under Triton's interpreter too (no op, no kernel in the code)."""
 
 import pytest
 import torch
@@ -15,7 +13,6 @@ from . import reference
 from .helpers import DEVICES, compiled_calls, generated_code
 
 D = 8
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def rnd(gen, device, *shape, dtype=torch.float32, grad=False):
@@ -24,13 +21,16 @@ def rnd(gen, device, *shape, dtype=torch.float32, grad=False):
 
 # ------------------------------------------------------------------- opcheck
 
-# (id, q heads, k heads, dtype of q/k, cos/sin table (else angles), the table needs a gradient)
+# (id, q heads, k heads, dtype of q/k, cos/sin table (else angles), the table needs a gradient,
+# table width (< D: partial rotary), interleaved pairs)
 FWD_COMBOS = [
-    ("angles", 2, 2, torch.float32, False, False),
-    ("angles-grad", 2, 3, torch.float32, False, True),
-    ("cos_sin", 3, 1, torch.float32, True, False),
-    ("cos_sin-grad", 2, 2, torch.float32, True, True),
-    ("cos_sin-grad-bf16", 2, 4, torch.bfloat16, True, True),
+    ("angles", 2, 2, torch.float32, False, False, D, False),
+    ("angles-grad", 2, 3, torch.float32, False, True, D, False),
+    ("cos_sin", 3, 1, torch.float32, True, False, D, False),
+    ("cos_sin-grad", 2, 2, torch.float32, True, True, D, False),
+    ("cos_sin-grad-bf16", 2, 4, torch.bfloat16, True, True, D, False),
+    ("cos_sin-grad-interleaved-partial", 2, 3, torch.float32, True, True, 6, True),
+    ("angles-interleaved", 3, 2, torch.bfloat16, False, False, D, True),
 ]
 
 
@@ -38,23 +38,27 @@ FWD_COMBOS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("combo", FWD_COMBOS, ids=[c[0] for c in FWD_COMBOS])
 def test_opcheck_rotary_fwd(kernel, gen, device, combo):
-    _, hq, hk, dtype, cos_sin, table_grad = combo
+    _, hq, hk, dtype, cos_sin, table_grad, R, interleaved = combo
     S = 5
     q, k = rnd(gen, device, S, hq, D, dtype=dtype, grad=True), rnd(gen, device, S, hk, D, dtype=dtype, grad=True)
-    table = rnd(gen, device, S, D, grad=table_grad)
-    sin = rnd(gen, device, S, D, grad=table_grad) if cos_sin else None
-    torch.library.opcheck(kernel.ops.rotary_fwd, (q, k, table, sin))
+    table = rnd(gen, device, S, R, grad=table_grad)
+    sin = rnd(gen, device, S, R, grad=table_grad) if cos_sin else None
+    torch.library.opcheck(kernel.ops.rotary_fwd, (q, k, table, sin, interleaved))
 
 
-# (id, q heads, k heads, dtype, cos/sin table, q and k given (table gradient), need_q, need_k)
+# (id, q heads, k heads, dtype, cos/sin table, q and k given (table gradient), need_q, need_k, table
+# width, interleaved pairs)
 BWD_COMBOS = [
-    ("angles-table_grad", 2, 2, torch.float32, False, True, True, True),
-    ("angles-q_only", 2, 3, torch.float32, False, False, True, False),
-    ("angles-table_grad-k_only", 3, 1, torch.float32, False, True, False, True),
-    ("cos_sin-table_grad", 2, 3, torch.float32, True, True, True, True),
-    ("cos_sin-k_only", 2, 2, torch.float32, True, False, False, True),
-    ("cos_sin-table_only-bf16", 4, 2, torch.bfloat16, True, True, False, False),
-    ("angles-bf16", 2, 2, torch.bfloat16, False, True, True, True),
+    ("angles-table_grad", 2, 2, torch.float32, False, True, True, True, D, False),
+    ("angles-q_only", 2, 3, torch.float32, False, False, True, False, D, False),
+    ("angles-table_grad-k_only", 3, 1, torch.float32, False, True, False, True, D, False),
+    ("cos_sin-table_grad", 2, 3, torch.float32, True, True, True, True, D, False),
+    ("cos_sin-k_only", 2, 2, torch.float32, True, False, False, True, D, False),
+    ("cos_sin-table_only-bf16", 4, 2, torch.bfloat16, True, True, False, False, D, False),
+    ("angles-bf16", 2, 2, torch.bfloat16, False, True, True, True, D, False),
+    ("cos_sin-table_grad-interleaved-partial", 2, 3, torch.float32, True, True, True, True, 6, True),
+    ("cos_sin-q_only-partial", 2, 2, torch.bfloat16, True, False, True, False, 4, False),
+    ("angles-k_only-interleaved", 1, 3, torch.float32, False, False, False, True, D, True),
 ]
 
 
@@ -62,14 +66,14 @@ BWD_COMBOS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("combo", BWD_COMBOS, ids=[c[0] for c in BWD_COMBOS])
 def test_opcheck_rotary_bwd(kernel, gen, device, combo):
-    _, hq, hk, dtype, cos_sin, table_grad, need_q, need_k = combo
+    _, hq, hk, dtype, cos_sin, table_grad, need_q, need_k, R, interleaved = combo
     S = 5
     gq, gk = rnd(gen, device, S, hq, D, dtype=dtype), rnd(gen, device, S, hk, D, dtype=dtype)
     q = rnd(gen, device, S, hq, D, dtype=dtype) if table_grad else None
     k = rnd(gen, device, S, hk, D, dtype=dtype) if table_grad else None
-    table = rnd(gen, device, S, D)
-    sin = rnd(gen, device, S, D) if cos_sin else None
-    torch.library.opcheck(kernel.ops.rotary_bwd, (gq, gk, q, k, table, sin, need_q, need_k))
+    table = rnd(gen, device, S, R)
+    sin = rnd(gen, device, S, R) if cos_sin else None
+    torch.library.opcheck(kernel.ops.rotary_bwd, (gq, gk, q, k, table, sin, need_q, need_k, interleaved))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -150,18 +154,16 @@ def test_compile_dynamic_seq_len(kernel, gen, device, table_grad):
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             code = _check_compiled(module, compiled, x, cos, sin, w, 6 if table_grad else 4)
         if i == 0:  # symbolic S: inductor still launches the kernel itself (static strides)
-            want = (
-                {"kernel"} if device == "cuda" else {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
-            )
-            assert compiled_calls(kernel, code) == want
+            assert compiled_calls(kernel, code) == ({"kernel"} if device == "cuda" else set())
     assert counter.frame_count == 1
 
 
+@pytest.mark.interpret(table_grad=True)  # traced calls take rotary_torch under the interpreter too
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("table_grad", [False, True], ids=["cos_sin_buffers", "cos_sin_grad"])
 def test_compile_static_inlines_the_kernel(kernel, gen, device, table_grad):
     """Static shapes: inductor launches rotary_kernel from its own code on CUDA (no Python
-    op per step) and fuses rotary_torch's math on CPU; the interpreter keeps the opaque ops."""
+    op per step) and fuses rotary_torch's math on CPU, under the interpreter too."""
     torch.compiler.reset()
     hidden, S = 16, 9
     module = VisionAttentionRope(kernel, hidden).to(device)
@@ -169,17 +171,14 @@ def test_compile_static_inlines_the_kernel(kernel, gen, device, table_grad):
     x = rnd(gen, device, S, hidden, grad=True)
     cos, sin = rnd(gen, device, S, D, grad=table_grad), rnd(gen, device, S, D, grad=table_grad)
     code = _check_compiled(module, compiled, x, cos, sin, rnd(gen, device, S, H, D), 6 if table_grad else 4)
-    if device == "cuda":
-        want = {"kernel"}
-    else:
-        want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if INTERPRET else set()
-    assert compiled_calls(kernel, code) == want
+    assert compiled_calls(kernel, code) == ({"kernel"} if device == "cuda" else set())
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_compile_symbolic_heads_take_the_opaque_ops(kernel, gen, device):
+def test_compile_symbolic_heads_launch_the_kernel(kernel, gen, device):
     """Head counts and head_dim are constexprs of the kernel: with every size symbolic
-    (dynamic=True), CUDA runs the kernel through the opaque ops, and the results are eager's."""
+    (dynamic=True) they are specialized, and inductor still launches the kernel on CUDA (rotary_torch's
+    math on CPU); the results are eager's."""
     torch.compiler.reset()
     fn = kernel.apply_rotary_pos_emb_vision
     compiled = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=True)
@@ -194,8 +193,7 @@ def test_compile_symbolic_heads_take_the_opaque_ops(kernel, gen, device):
                 results.append([*out, *torch.autograd.grad(out, (q, k, cos, sin), (gq, gk))])
             for g, e in zip(*results):
                 assert reference.rel_err(g, e) <= 1e-6
-    want = {"rotary_fwd_opaque", "rotary_bwd_opaque"} if device == "cuda" or INTERPRET else set()
-    assert compiled_calls(kernel, "\n".join(code)) == want
+    assert compiled_calls(kernel, "\n".join(code)) == ({"kernel"} if device == "cuda" else set())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -217,3 +215,28 @@ def test_compile_rope_bwd_and_rope_fwd(kernel, gen, device):
         assert reference.rel_err(o, r) <= 2e-6 and reference.rel_err(a, r) <= 2e-6
     for g, r in zip(got_fwd, reference.reference_forward(*(t.double().cpu() for t in args[2:]))):
         assert reference.rel_err(g, r) <= 2e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_interleaved_partial(kernel, gen, device):
+    """Interleaved pairs over part of each head (cos/sin [S, R], R < D), forward and backward with
+    the table gradient, compiled without a graph break: float64's results, and the kernel
+    launched by inductor on CUDA."""
+    torch.compiler.reset()
+    S, hq, hk, d, R = 9, 3, 2, 16, 10
+
+    def fn(q, k, cos, sin):
+        return kernel.apply_rotary_pos_emb_vision(q, k, cos, sin, interleaved=True)
+
+    compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+    leaves = [rnd(gen, device, S, h, d, grad=True) for h in (hq, hk)] + [
+        rnd(gen, device, S, R, grad=True) for _ in "cs"
+    ]
+    grads = [rnd(gen, device, S, h, d) for h in (hq, hk)]
+    with generated_code() as code:
+        outs = compiled(*leaves)
+        got = [*outs, *torch.autograd.grad(outs, leaves, grads)]
+    ref_outs, ref_grads = reference.reference_rotary_grads(*grads, *leaves, interleaved=True)
+    for g, r in zip(got, [*ref_outs, *ref_grads]):
+        assert reference.rel_err(g, r) <= 2e-6
+    assert compiled_calls(kernel, "\n".join(code)) == ({"kernel"} if device == "cuda" else set())

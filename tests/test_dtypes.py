@@ -16,55 +16,49 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from . import reference as ref64
-from .helpers import DEVICES, INTERPRET
+from .helpers import DEVICES, kernel_path
 
 S, HQ, HK, D = 9, 2, 3, 16
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float64: 1e-12}
 HALF_AND_FULL = [torch.float32, torch.bfloat16, torch.float16]
 PAIRS = [p for p in itertools.permutations(HALF_AND_FULL, 2)]
-FUNCS = ["rope_bwd", "rope_fwd", "apply_rotary_emb", "apply_rotary_pos_emb_vision"]
+# rope_fwd and the vision forms run forward and backward; "vision_interleaved_partial" is
+# apply_rotary_pos_emb_vision(interleaved=True) with cos/sin [S, 10] (6 channels pass through).
+FUNCS = ["rope_bwd", "rope_fwd", "apply_rotary_pos_emb_vision", "vision_interleaved_partial"]
 
 
 def rnd(gen, device, *shape, dtype=torch.float32):
     return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
 
-@pytest.fixture
-def launches(kernel, monkeypatch):
-    calls = []
-    launch = kernel.ops._launch
-    monkeypatch.setattr(kernel.ops, "_launch", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
-    return calls
+def call(kernel, fn, *args):
+    if fn == "vision_interleaved_partial":
+        return kernel.apply_rotary_pos_emb_vision(*args, interleaved=True)
+    return getattr(kernel, fn)(*args)
 
 
 def run(kernel, fn, q, k, tables, grads):
-    """fn's results: outputs, then (autograd functions) the gradients of q, k and the tables;
+    """fn's results: outputs, then (autograd forms) the gradients of q, k and the tables;
     each with the dtype its result must have."""
     if fn == "rope_bwd":
         out = kernel.rope_bwd(*grads, q, k, *tables)
         return list(zip(out, (q.dtype, k.dtype, tables[0].dtype)))
-    if fn == "rope_fwd":
-        return list(zip(kernel.rope_fwd(q, k, *tables), (q.dtype, k.dtype)))
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, *tables)]
-    outs = getattr(kernel, fn)(*leaves)
+    outs = call(kernel, fn, *leaves)
     torch.autograd.backward(outs, grads)
     return list(zip([*outs, *(t.grad for t in leaves)], [q.dtype, k.dtype, *(t.dtype for t in leaves)]))
 
 
 def reference(fn, q, k, tables, grads):
     """float64: outputs, then gradients of q, k and the tables (rope_bwd: its three results)."""
-    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, *tables)]
-    forward = ref64.reference_vision_forward if fn == "apply_rotary_pos_emb_vision" else ref64.reference_forward
-    outs = forward(*leaves)
-    grad = torch.autograd.grad(outs, leaves, [g.detach().cpu().double() for g in grads])
-    if fn == "rope_bwd":
-        return list(grad)
-    return [o.detach() for o in outs] + ([] if fn == "rope_fwd" else list(grad))
+    outs, grad = ref64.reference_rotary_grads(*grads, q, k, *tables, interleaved=fn == "vision_interleaved_partial")
+    return grad if fn == "rope_bwd" else outs + grad
 
 
 def make(fn, gen, device, q_dtype, k_dtype, table_dtype=torch.float32):
     q, k = rnd(gen, device, S, HQ, D, dtype=q_dtype), rnd(gen, device, S, HK, D, dtype=k_dtype)
-    tables = [rnd(gen, device, S, D, dtype=table_dtype) for _ in range(2 if fn.endswith("vision") else 1)]
+    R = 10 if fn == "vision_interleaved_partial" else D
+    tables = [rnd(gen, device, S, R, dtype=table_dtype) for _ in range(1 if fn.startswith("rope") else 2)]
     grads = [rnd(gen, device, S, HQ, D, dtype=q_dtype), rnd(gen, device, S, HK, D, dtype=k_dtype)]
     return q, k, tables, grads
 
@@ -80,6 +74,10 @@ def check(got, ref, what):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.interpret(fn="rope_bwd", pair=[PAIRS[0], PAIRS[5]])
+@pytest.mark.interpret(fn="rope_fwd", pair=PAIRS[1])
+@pytest.mark.interpret(fn="apply_rotary_pos_emb_vision", pair=[PAIRS[2], PAIRS[3]])
+@pytest.mark.interpret(fn="vision_interleaved_partial", pair=PAIRS[4])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{str(p[0])[6:]}-{str(p[1])[6:]}")
 @pytest.mark.parametrize("fn", FUNCS)
@@ -88,7 +86,7 @@ def test_q_and_k_of_different_dtypes(kernel, launches, fn, pair, device, gen):
     dtype; so do we, on the kernel's path too (each tensor converted on load and store)."""
     q, k, tables, grads = make(fn, gen, device, *pair)
     check(run(kernel, fn, q, k, tables, grads), reference(fn, q, k, tables, grads), f"{fn} q {pair[0]}, k {pair[1]}")
-    assert (len(launches) > 0) == (device == "cuda" or INTERPRET)
+    assert (len(launches) > 0) == kernel_path(device)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_omni_moe"])
@@ -104,6 +102,7 @@ def test_mixed_dtypes_as_transformers(kernel, family, gen):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fn", FUNCS)
 def test_float64_on_every_device(kernel, launches, fn, device, gen):
@@ -114,15 +113,18 @@ def test_float64_on_every_device(kernel, launches, fn, device, gen):
     assert not launches
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 def test_float64_table_with_float32_heads(kernel, launches, device, gen):
-    """A float64 table with float32 q/k: float32 math (as for any table dtype), gradient float64."""
-    q, k, tables, grads = make("apply_rotary_emb", gen, device, torch.float32, torch.float32, torch.float64)
-    got = run(kernel, "apply_rotary_emb", q, k, tables, grads)
+    """A float64 table with float32 q/k: float32 math (as for any table dtype), gradient float64;
+    the PyTorch path computes it (the kernel takes no float64 table)."""
+    q, k, tables, grads = make("rope_fwd", gen, device, torch.float32, torch.float32, torch.float64)
+    got = run(kernel, "rope_fwd", q, k, tables, grads)
     assert got[-1][0].dtype == torch.float64
-    ref = reference("apply_rotary_emb", q, k, tables, grads)
+    ref = reference("rope_fwd", q, k, tables, grads)
     for (g, _), r in zip(got, ref):
         assert ref64.rel_err(g, r) <= TOL[torch.float32]
+    assert not launches
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,4 +1,4 @@
-"""GPU hardening (issue: bad input, compile, determinism, huge sizes, CUDA graphs and
+"""GPU hardening (bad input, compile, determinism, huge sizes, CUDA graphs and
 streams, memory): what only a real GPU can show. Every test needs CUDA.
 
     determinism       every output bitwise identical over repeated runs
@@ -41,17 +41,30 @@ def poisoned_out(args):
     return tuple(torch.full_like(t, float("nan")) for t in args[2:])
 
 
+def partial_width(D):
+    """Rotated channels of the partial-rotary cases: 24 of each head pass through."""
+    return D - 24
+
+
+def interleaved_vision(kernel):
+    return lambda *args: kernel.apply_rotary_pos_emb_vision(*args, interleaved=True)
+
+
 def all_outputs(kernel, args, out):
     """Every output of every public function on one set of inputs: rope_bwd into out=
-    and allocating, rope_fwd, and outputs and gradients of both autograd functions
-    (the vision one with cos/sin gradients, and without them: the q/k-only kernel)."""
+    and allocating, outputs and gradients of rope_fwd and of the vision function (with
+    cos/sin gradients, and without them: the q/k-only kernel; and interleaved pairs over
+    part of each head)."""
     gq, gk, q, k, emb = args
-    res = [*kernel.rope_bwd(*args, out=out), *kernel.rope_bwd(*args), *kernel.rope_fwd(q, k, emb)]
+    res = [*kernel.rope_bwd(*args, out=out), *kernel.rope_bwd(*args)]
     cos, sin = emb.cos(), emb.sin()
+    R = partial_width(q.shape[-1])
     for fn, tables, table_grad in [
-        (kernel.apply_rotary_emb, (emb,), True),
+        (kernel.rope_fwd, (emb,), True),
         (kernel.apply_rotary_pos_emb_vision, (cos, sin), True),
         (kernel.apply_rotary_pos_emb_vision, (cos, sin), False),
+        (interleaved_vision(kernel), (cos[:, :R], sin[:, :R]), True),
+        (interleaved_vision(kernel), (cos[:, :R], sin[:, :R]), False),
     ]:
         leaves = [
             q.detach().requires_grad_(),
@@ -95,7 +108,8 @@ def test_bitwise_deterministic(kernel, gen, S, HQ, HK, D, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_past_2_31_elements(kernel, gen, dtype):
     """S*H*D = 2.25e9 > 2^31: an int32 offset would wrap. Rows around the 2^31-element
-    mark and the last rows are checked against float64, with a random sample."""
+    mark and the last rows are checked against float64, with a random sample: rope_bwd,
+    rope_fwd, and interleaved pairs over part of each head (forward, q/k-only backward)."""
     S, H, D = 1_100_000, 16, 128
     assert S * H * D > 2**31
     need = 6 * S * H * D * torch.finfo(dtype).bits // 8  # 4 inputs and 2 outputs: bf16 27 GB, fp32 54 GB
@@ -119,10 +133,28 @@ def test_past_2_31_elements(kernel, gen, dtype):
         assert reference.rel_err(g[rows], r) <= t
     del got
 
+    # the q/k-only backward of interleaved pairs over part of each head (the op autograd calls)
+    R = partial_width(D)
+    cos, sin = args[4][:, :R].cos(), args[4][:, :R].sin()
+    got = kernel.ops.rotary_bwd(args[0], args[1], None, None, cos, sin, True, True, True)[:2]
+    _, ref = reference.reference_rotary_grads(*(a[rows] for a in args[:4]), cos[rows], sin[rows], interleaved=True)
+    for g, r, t in zip(got, ref, tol):
+        assert reference.rel_err(g[rows], r) <= t
+    del got, cos, sin
+
     gq, gk, q, k, emb = args
     del gq, gk, args
     got = kernel.rope_fwd(q, k, emb)
     ref = reference.reference_forward(*(a[rows].double().cpu() for a in (q, k, emb)))
+    for g, r, t in zip(got, ref, tol):
+        assert reference.rel_err(g[rows], r) <= t
+    del got
+
+    # interleaved pairs over part of each head, forward: the tail is copied past 2^31 too
+    R = partial_width(D)
+    cos, sin = emb[:, :R].cos(), emb[:, :R].sin()
+    got = interleaved_vision(kernel)(q, k, cos, sin)
+    ref = reference.reference_rotary(*(a[rows].double().cpu() for a in (q, k, cos, sin)), interleaved=True)
     for g, r, t in zip(got, ref, tol):
         assert reference.rel_err(g[rows], r) <= t
     del got, q, k, emb
@@ -257,14 +289,15 @@ def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
         kernel.rope_bwd(*args, out=out)
         return []
 
-    def vision(table_grad):
+    def vision(table_grad, interleaved=False):
+        R = partial_width(D) if interleaved else D
         leaves = [
             q.detach().requires_grad_(),
             k.detach().requires_grad_(),
-            cos.detach().requires_grad_(table_grad),
-            sin.detach().requires_grad_(table_grad),
+            cos[:, :R].detach().requires_grad_(table_grad),
+            sin[:, :R].detach().requires_grad_(table_grad),
         ]
-        outs = kernel.apply_rotary_pos_emb_vision(*leaves)
+        outs = kernel.apply_rotary_pos_emb_vision(*leaves, interleaved=interleaved)
         return [*outs, *torch.autograd.grad(outs, leaves if table_grad else leaves[:2], [gq, gk])]
 
     calls = {
@@ -273,6 +306,7 @@ def test_allocates_only_its_outputs(kernel, gen, S, H, D, dtype):
         "rope_fwd": lambda: kernel.rope_fwd(q, k, emb),
         "vision fwd+bwd": lambda: vision(True),
         "vision fwd+bwd, no table grad": lambda: vision(False),
+        "vision interleaved partial fwd+bwd": lambda: vision(True, interleaved=True),
     }
     for name, call in calls.items():
         call()  # warm-up: compilation
@@ -309,8 +343,11 @@ def test_no_host_synchronisation(kernel, gen):
         kernel.rope_bwd(*args, out=out)
         kernel.rope_bwd(*args)
         kernel.rope_fwd(q, k, emb)
-        for table in ((emb,), (emb.cos(), emb.sin())):
-            fn = kernel.apply_rotary_emb if len(table) == 1 else kernel.apply_rotary_pos_emb_vision
+        for fn, table in (
+            (kernel.rope_fwd, (emb,)),
+            (kernel.apply_rotary_pos_emb_vision, (emb.cos(), emb.sin())),
+            (interleaved_vision(kernel), (emb[:, :48].cos(), emb[:, :48].sin())),
+        ):
             leaves = [t.detach().requires_grad_() for t in (q, k, *table)]
             torch.autograd.grad(fn(*leaves), leaves, [gq, gk])
     torch.cuda.synchronize()

@@ -1,9 +1,9 @@
-"""Special values and layouts, for every public function, against float64:
-NaN/inf propagate exactly as in the reference (same NaN and inf positions, same
-inf signs, including through the sum over heads in the table gradient); S = 0
-and S = 1; non-contiguous upstream gradients, strided q/k (views of one qkv
-projection), strided tables. Shapes are tiny so that the file also runs under
-TRITON_INTERPRET=1, where the Triton kernel itself computes on the CPU.
+"""Special values and layouts, for every public function (and the vision rotary with
+interleaved pairs over part of each head), against float64: NaN/inf propagate exactly as
+in the reference (same NaN and inf positions, same inf signs, including through the sum
+over heads in the table gradient); S = 0 and S = 1; non-contiguous upstream gradients,
+strided q/k (views of one qkv projection), strided tables. Shapes are tiny so that the
+file also runs under TRITON_INTERPRET=1, where the Triton kernel itself computes on the CPU.
 
 Tolerances (norm-wise relative error against float64 of the same rounded inputs):
 fp32 2e-6: every output is a short sum (at most 2 products per head, at most
@@ -15,9 +15,16 @@ import pytest
 import torch
 
 from .helpers import DEVICES
-from .reference import reference_backward, reference_forward, reference_vision_forward, rel_err
+from .reference import reference_backward, reference_rotary_grads, rel_err
 
-FUNCS = ["rope_bwd", "rope_fwd", "apply_rotary_emb", "apply_rotary_pos_emb_vision"]
+# rope_fwd and the vision forms run forward and backward; "vision_interleaved_partial" is
+# apply_rotary_pos_emb_vision(interleaved=True) with cos/sin [S, R], R < D.
+FUNCS = ["rope_bwd", "rope_fwd", "apply_rotary_pos_emb_vision", "vision_interleaved_partial"]
+TABLES = {
+    "rope_fwd": ("embeddings",),
+    "apply_rotary_pos_emb_vision": ("cos", "sin"),
+    "vision_interleaved_partial": ("cos", "sin"),
+}
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 SENTINEL = 1234.5  # poison of out= buffers: finite, so that an unwritten element cannot pass as NaN
 
@@ -53,9 +60,11 @@ def make(
     table="contiguous",
     requires_grad=False,
 ):
-    """Random inputs of fn, by name. D = 12: a half of 6 exercises the masked channels.
+    """Random inputs of fn, by name. D = 12: a half of 6 exercises the masked channels; the
+    partial form rotates R = 6 of them (3 pairs) and passes 6 through.
     qk = "qkv": q and k are views of one [S, 3*H*D] projection (then HK = HQ)."""
     HK = HQ if qk == "qkv" else HK
+    R = D // 2 if fn == "vision_interleaved_partial" else D
 
     def x(*shape, dtype=dtype):
         return rnd(gen, *shape).to(device=device, dtype=dtype)
@@ -66,32 +75,31 @@ def make(
         args["q"], args["k"], _ = qkv.reshape(S, 3, HQ, D).permute(1, 0, 2, 3).unbind(0)
     else:
         args["q"], args["k"] = (restride(x(S, h, D), qk, gen).requires_grad_(requires_grad) for h in (HQ, HK))
-    names = ("cos", "sin") if fn == "apply_rotary_pos_emb_vision" else ("embeddings",)
-    for n in names:
-        args[n] = restride(x(S, D, dtype=torch.float32), table, gen).requires_grad_(requires_grad)
+    for n in TABLES.get(fn, ("embeddings",)):
+        args[n] = restride(x(S, R, dtype=torch.float32), table, gen).requires_grad_(requires_grad)
     return args
 
 
 def reference(fn, args):
-    """float64: the outputs fn returns, then (autograd functions) the gradients of q, k and the table."""
-    a = {n: t.detach().cpu().double() for n, t in args.items()}
+    """float64: the outputs fn returns, then (autograd forms) the gradients of q, k and the table."""
     if fn == "rope_bwd":
-        return list(reference_backward(*a.values()))
-    if fn == "rope_fwd":
-        return list(reference_forward(a["q"], a["k"], a["embeddings"]))
-    leaves = [a[n].requires_grad_() for n in ("q", "k", *TABLES[fn])]
-    forward = reference_forward if fn == "apply_rotary_emb" else reference_vision_forward
-    outs = forward(*leaves)
-    grads = torch.autograd.grad(outs, leaves, [a["grad_q_embed"], a["grad_k_embed"]])
-    return [o.detach() for o in outs] + list(grads)
+        return list(reference_backward(*args.values()))
+    outs, grads = reference_rotary_grads(
+        *(args[n] for n in ("grad_q_embed", "grad_k_embed", "q", "k", *TABLES[fn])),
+        interleaved=fn == "vision_interleaved_partial",
+    )
+    return outs + grads
 
 
-TABLES = {"apply_rotary_emb": ("embeddings",), "apply_rotary_pos_emb_vision": ("cos", "sin")}
+def call(kernel, fn, *inputs):
+    if fn == "vision_interleaved_partial":
+        return kernel.apply_rotary_pos_emb_vision(*inputs, interleaved=True)
+    return getattr(kernel, fn)(*inputs)
 
 
 def evaluate(kernel, fn, args):
     """fn on args; rope_bwd runs twice (into poisoned out= buffers, and allocating),
-    the autograd functions forward and backward. Returns (results, reference)."""
+    the others forward and backward. Returns (results, reference)."""
     ref = reference(fn, args)
     if fn == "rope_bwd":
         inputs = list(args.values())
@@ -99,10 +107,8 @@ def evaluate(kernel, fn, args):
         got = kernel.rope_bwd(*inputs, out=out)
         assert all(g is o for g, o in zip(got, out))
         return [*got, *kernel.rope_bwd(*inputs)], ref + ref
-    if fn == "rope_fwd":
-        return list(kernel.rope_fwd(args["q"], args["k"], args["embeddings"])), ref
     inputs = [args[n] for n in ("q", "k", *TABLES[fn])]
-    outs = getattr(kernel, fn)(*inputs)
+    outs = call(kernel, fn, *inputs)
     grads = torch.autograd.grad(outs, inputs, [args["grad_q_embed"], args["grad_k_embed"]])
     return [o.detach() for o in outs] + list(grads), ref
 
@@ -124,9 +130,9 @@ def assert_close(got, ref, *, what=""):
 
 SPECIAL_INPUTS = {
     "rope_bwd": ["grad_q_embed", "grad_k_embed", "q", "k", "embeddings"],
-    "rope_fwd": ["q", "k", "embeddings"],
-    "apply_rotary_emb": ["grad_q_embed", "q", "embeddings"],
+    "rope_fwd": ["grad_q_embed", "q", "k", "embeddings"],
     "apply_rotary_pos_emb_vision": ["grad_k_embed", "k", "cos", "sin"],
+    "vision_interleaved_partial": ["grad_q_embed", "q", "cos", "sin"],
 }
 
 
@@ -148,11 +154,13 @@ def plant_specials(t, gen):
 
 # Under TRITON_INTERPRET numpy evaluates the kernel and warns about the NaNs it is meant to make.
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.interpret(dtype=torch.float32)
+@pytest.mark.interpret(dtype=torch.bfloat16, where=["q", "k"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("fn,where", [(f, w) for f in FUNCS for w in SPECIAL_INPUTS[f]])
 def test_nan_inf_propagate_like_reference(kernel, gen, device, dtype, fn, where):
-    args = make(fn, gen, device, dtype=dtype, requires_grad=fn in TABLES)
+    args = make(fn, gen, device, dtype=dtype, requires_grad=fn != "rope_bwd")
     plant_specials(args[where], gen)
     got, ref = evaluate(kernel, fn, args)
     assert any(not r.isfinite().all() for r in ref), "the special values reach no output: the case tests nothing"
@@ -163,11 +171,12 @@ def test_nan_inf_propagate_like_reference(kernel, gen, device, dtype, fn, where)
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("S", [0, 1])
 @pytest.mark.parametrize("fn", FUNCS)
 def test_tiny_sequence(kernel, gen, device, S, fn):
-    args = make(fn, gen, device, S=S, requires_grad=fn in TABLES)
+    args = make(fn, gen, device, S=S, requires_grad=fn != "rope_bwd")
     got, ref = evaluate(kernel, fn, args)
     assert_close(got, ref, what=f"{fn} S={S}")
 
@@ -183,6 +192,8 @@ LAYOUTS = [  # (upstream gradients, q and k, table)
 ]
 
 
+@pytest.mark.interpret(dtype=torch.float32)
+@pytest.mark.interpret(grads="transposed", qk="qkv", table="step")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("grads,qk,table", LAYOUTS, ids=["-".join(lay) for lay in LAYOUTS])
@@ -190,7 +201,7 @@ LAYOUTS = [  # (upstream gradients, q and k, table)
 def test_strided_layouts(kernel, gen, device, dtype, grads, qk, table, fn):
     """Same values in other layouts: results as exact as for contiguous inputs, and
     the strided inputs themselves untouched."""
-    args = make(fn, gen, device, dtype=dtype, grads=grads, qk=qk, table=table, requires_grad=fn in TABLES)
+    args = make(fn, gen, device, dtype=dtype, grads=grads, qk=qk, table=table, requires_grad=fn != "rope_bwd")
     assert not all(t.is_contiguous() for t in args.values())
     before = [t.detach().clone() for t in args.values()]
     got, ref = evaluate(kernel, fn, args)
@@ -199,6 +210,7 @@ def test_strided_layouts(kernel, gen, device, dtype, grads, qk, table, fn):
         assert torch.equal(b, t.detach())
 
 
+@pytest.mark.interpret
 @pytest.mark.parametrize("device", DEVICES)
 def test_real_model_pattern_gradient_reaches_qkv(kernel, gen, device):
     """Qwen-style bf16 training step: q, k views of one qkv projection, cos/sin buffers
