@@ -12,6 +12,10 @@ FAMILIES = {
     "qwen3_omni_moe": ("Qwen3OmniMoeVisionEncoderConfig", "Qwen3OmniMoeVisionEncoder"),
     "qwen2_5_vl": ("Qwen2_5_VLVisionConfig", "Qwen2_5_VisionTransformerPretrainedModel"),
     "qwen3_vl": ("Qwen3VLVisionConfig", "Qwen3VLVisionModel"),
+    "qwen2_vl": ("Qwen2VLVisionConfig", "Qwen2VisionTransformerPretrainedModel"),
+    "glm4v": ("Glm4vVisionConfig", "Glm4vVisionModel"),
+    "inkling2": ("Inkling2VisionConfig", "Inkling2VisionModel"),
+    "minimax_m3_vl": ("MiniMaxM3VLVisionConfig", "MiniMaxM3VLVisionModel"),
 }
 OMNI = "qwen3_omni_moe"
 REAL_OMNI = dict(hidden_size=1152, num_heads=16, intermediate_size=4304, depth=8)

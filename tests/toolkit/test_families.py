@@ -23,6 +23,7 @@ import torch
 import transformers
 from kernels import Mode, kernelize, use_kernel_mapping
 
+from rope_bwd_triton import models
 from rope_bwd_triton.build import repo_id
 
 from ..helpers import DEVICES, INTERPRET
@@ -53,10 +54,6 @@ VARIANTS = {"inkling2": (True, False), "minimax_m3_vl": (False, True)}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # bf16: its rounding (2^-9), float32: a few float32 ops
 
 
-def modeling(family):
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-
-
 def present(family):
     if family not in FAMILIES:
         pytest.skip(f"transformers {transformers.__version__} has no {family} (or it defines no vision rotary)")
@@ -68,7 +65,7 @@ def integrations(kernel):
     yield kernel.integrations
     patched = {f: p.original for f, p in kernel.integrations._PATCHED.items()}
     kernel.integrations.restore_transformers()
-    assert all(modeling(f).apply_rotary_pos_emb_vision is fn for f, fn in patched.items())
+    assert all(models.modeling_module(f).apply_rotary_pos_emb_vision is fn for f, fn in patched.items())
 
 
 def kernelized(integrations, layer_or_model, device, mode=Mode.TRAINING):
@@ -114,7 +111,7 @@ def test_families_are_found_and_classified(kernel):
     found = integrations.find_families()
     assert set(FAMILIES) <= set(found) and {"qwen2_vl", "qwen2_5_vl", "glm4v", "qwen3_vl"} <= set(found)
     for family in found:
-        variant = integrations.classify(modeling(family).apply_rotary_pos_emb_vision)
+        variant = integrations.classify(models.modeling_module(family).apply_rotary_pos_emb_vision)
         assert tuple(variant) == VARIANTS.get(family, (False, False)), family
         assert variant.layer_name in integrations.LAYER_NAMES and hasattr(kernel.layers, variant.layer_name)
 
@@ -154,7 +151,7 @@ def _extra_argument(q, k, cos, sin, unsqueeze_dim=1):
 def test_a_function_of_no_variant_is_refused(kernel, integrations, monkeypatch, function, why):
     """Named, in a model, or among every family: a clear error naming it and why, and
     nothing patched (the default, every family, leaves it as it is and warns)."""
-    M, other = modeling("qwen2_vl"), modeling("glm4v")
+    M, other = models.modeling_module("qwen2_vl"), models.modeling_module("glm4v")
     own = other.apply_rotary_pos_emb_vision
     monkeypatch.setattr(M, "apply_rotary_pos_emb_vision", function)
     message = (
@@ -182,7 +179,7 @@ def test_every_family_by_default(kernel, integrations):
     patched = integrations.make_kernelizable()
     assert patched == [f for f in integrations.find_families()] and set(FAMILIES) <= set(patched)
     for family in patched:
-        layer = modeling(family).apply_rotary_pos_emb_vision
+        layer = models.modeling_module(family).apply_rotary_pos_emb_vision
         assert layer.kernel_layer_name == integrations.classify(integrations._PATCHED[family].original).layer_name
 
 
@@ -236,7 +233,7 @@ def test_kernelized_function_equals_the_familys(kernel, integrations, family, de
     the one of the family's vision configuration (defaults); the partial case rotates
     head_dim - 2 channels (an odd number of pairs) where the family's function takes it."""
     present(family)
-    M = modeling(family)
+    M = models.modeling_module(family)
     own = M.apply_rotary_pos_emb_vision
     variant = integrations.classify(own)
     integrations.make_kernelizable(families=[family])
@@ -269,38 +266,25 @@ def test_kernelized_function_equals_the_familys(kernel, integrations, family, de
 
 # ------------------------------------------------------------------------- tiny encoders
 
-# family -> (configuration class, vision model class, tiny configuration: head_dim 16)
+# family -> tiny configuration (head_dim 16) of its vision model (models.FAMILIES)
 ENCODERS = {
-    "qwen2_vl": (
-        "Qwen2VLVisionConfig",
-        "Qwen2VisionTransformerPretrainedModel",
-        dict(embed_dim=32, hidden_size=48, num_heads=2, depth=2, mlp_ratio=2, patch_size=4),
+    "qwen2_vl": dict(embed_dim=32, hidden_size=48, num_heads=2, depth=2, mlp_ratio=2, patch_size=4),
+    "glm4v": dict(
+        hidden_size=32, num_heads=2, depth=2, intermediate_size=64, patch_size=4, out_hidden_size=48, image_size=32
     ),
-    "glm4v": (
-        "Glm4vVisionConfig",
-        "Glm4vVisionModel",
-        dict(
-            hidden_size=32, num_heads=2, depth=2, intermediate_size=64, patch_size=4, out_hidden_size=48, image_size=32
-        ),
+    "inkling2": dict(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        patch_size=4,
+        posemb_grid_size=4,
+        projection_hidden_dim=48,
+        text_hidden_size=48,
     ),
-    "inkling2": (
-        "Inkling2VisionConfig",
-        "Inkling2VisionModel",
-        dict(
-            hidden_size=32,
-            num_attention_heads=2,
-            num_hidden_layers=2,
-            intermediate_size=64,
-            patch_size=4,
-            posemb_grid_size=4,
-            projection_hidden_dim=48,
-            text_hidden_size=48,
-        ),
-    ),
-    "minimax_m3_vl": (  # head_dim 16: its rotary takes 12 channels (3 axes of 2 pairs), 4 pass through
-        "MiniMaxM3VLVisionConfig",
-        "MiniMaxM3VLVisionModel",
-        dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=64, patch_size=4),
+    # its rotary takes 12 of the 16 channels (3 axes of 2 pairs), 4 pass through
+    "minimax_m3_vl": dict(
+        hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=64, patch_size=4
     ),
 }
 # Two images: the per-image attention split runs. Fewer tokens in Triton's interpreter, whose
@@ -310,12 +294,7 @@ ENCODER_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # as test_kernelize_t
 
 
 def build_encoder(family, dtype, device):
-    config_name, model_name, tiny = ENCODERS[family]
-    config_module = importlib.import_module(f"transformers.models.{family}.configuration_{family}")
-    config = getattr(config_module, config_name)(**tiny)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return getattr(modeling(family), model_name)(config).to(device=device, dtype=dtype)
+    return models.make_vision_model(family, dtype=dtype, device=device, **ENCODERS[family])
 
 
 def encoder_inputs(family, model, seed=0):
@@ -362,7 +341,7 @@ def check_encoder(kernel, integrations, family, dtype, device, autocast=False):
         model = integrations.kernelize_vision_rotary(model, mode=Mode.TRAINING, device=torch.device(device).type)
         variant = integrations.classify(integrations._PATCHED[family].original)
         assert (
-            modeling(family).apply_rotary_pos_emb_vision.forward.__func__
+            models.modeling_module(family).apply_rotary_pos_emb_vision.forward.__func__
             is getattr(kernel.layers, variant.layer_name).forward
         )
         got = run(model, inputs, Mode.TRAINING)
@@ -397,7 +376,7 @@ def test_a_model_of_several_families(kernel, integrations, device):
     """One module holding the encoders of families of different variants: each family gets
     its variant's layer, and a training step matches eager's."""
     families = [f for f in ENCODERS if f in FAMILIES]
-    variants = {integrations.classify(modeling(f).apply_rotary_pos_emb_vision) for f in families}
+    variants = {integrations.classify(models.modeling_module(f).apply_rotary_pos_emb_vision) for f in families}
     if len(variants) < 2:
         pytest.skip(f"transformers {transformers.__version__} has fewer than two variants among {list(ENCODERS)}")
 
@@ -423,7 +402,10 @@ def test_a_model_of_several_families(kernel, integrations, device):
     assert set(integrations._PATCHED) == set(families)
     for f in families:
         name = integrations.classify(integrations._PATCHED[f].original).layer_name
-        assert modeling(f).apply_rotary_pos_emb_vision.forward.__func__ is getattr(kernel.layers, name).forward
+        assert (
+            models.modeling_module(f).apply_rotary_pos_emb_vision.forward.__func__
+            is getattr(kernel.layers, name).forward
+        )
     assert_close(step(model), ref, ENCODER_TOL[torch.float32])
 
 
@@ -439,7 +421,7 @@ def test_compiled_variants(kernel, integrations, device, gen):
     integrations.make_kernelizable(families=families)
     torch._dynamo.reset()
     for family in families:
-        M = modeling(family)
+        M = models.modeling_module(family)
         own, layer = integrations._PATCHED[family].original, M.apply_rotary_pos_emb_vision
         kernelized(integrations, layer, device, Mode.TRAINING | Mode.TORCH_COMPILE)
         compiled = torch.compile(layer, fullgraph=True, backend=backend)

@@ -78,12 +78,21 @@ def test_host_time_sets_the_fast_launch_settings_side_by_side():
     assert table.rstrip().endswith("fast launch broken: RuntimeError: boom")
 
 
+def _stand_in(monkeypatch, child):
+    """The parent on the CPU: a GPU as far as it asks, no build, `child` for every fresh process."""
+    from rope_bwd_triton import load, output, overhead
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(load, "use_local_build", lambda: None)
+    monkeypatch.setattr(output, "run_meta", lambda device, **fields: {**META, **fields})
+    monkeypatch.setattr(overhead, "run_fresh", child)
+
+
 def test_each_child_runs_fresh_with_its_own_settings(monkeypatch, tmp_path, capsys):
     """The parent's work, its children stood in for: a fresh process per implementation and
     round (first calls), one per fast-launch setting with ROPE_BWD_FAST_LAUNCH set (host), then
     the JSON and the markdown of both parts."""
     from rope_bwd_triton import __main__ as toolkit
-    from rope_bwd_triton import load, output, overhead
 
     started = []
 
@@ -94,10 +103,7 @@ def test_each_child_runs_fresh_with_its_own_settings(monkeypatch, tmp_path, caps
         calls = [{"S": S, "ms": 1.0, "new": S != 64, "compiles": None} for S in (16, 36, 64, 64)]
         return {"impl": argv[-1], "load_s": 0.5, "calls": calls}
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(load, "use_local_build", lambda: None)
-    monkeypatch.setattr(output, "run_meta", lambda device, **fields: {**META, **fields})
-    monkeypatch.setattr(overhead, "run_fresh", child)
+    _stand_in(monkeypatch, child)
     out = tmp_path / "o.json"
     argv = ["overhead", "--impls", "ours,liger", "--rounds", "2", "--sizes", "16", "36", "64", "--json", str(out)]
     assert toolkit.main(argv) == 0
@@ -116,7 +122,6 @@ def test_ab_build_joins_both_parts(monkeypatch, tmp_path):
     """--ab: the other build runs as one more implementation of the first calls, and every child
     is told where it is (the host child times it beside ours)."""
     from rope_bwd_triton import __main__ as toolkit
-    from rope_bwd_triton import load, output, overhead
 
     started = []
 
@@ -127,10 +132,7 @@ def test_ab_build_joins_both_parts(monkeypatch, tmp_path):
         calls = [{"S": S, "ms": 1.0, "new": S != 64, "compiles": None} for S in (16, 36, 64, 64)]
         return {"impl": argv[-1], "load_s": 0.5, "calls": calls}
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(load, "use_local_build", lambda: None)
-    monkeypatch.setattr(output, "run_meta", lambda device, **fields: {**META, **fields})
-    monkeypatch.setattr(overhead, "run_fresh", child)
+    _stand_in(monkeypatch, child)
     out = tmp_path / "o.json"
     argv = [
         "overhead",
