@@ -251,7 +251,7 @@ def no_cudnn_attention():
     """sdpa without cuDNN's attention, for the tests that compare the attention step's
     gradients with float64. torch 2.11's cuDNN attention backward (H200) reuses what it built
     for one upstream-gradient stride on later calls of the same shapes with another stride,
-    and returns wrong gradients of q, k and v (`python -m rope_bwd_triton attncheck`): after
+    and returns wrong gradients of q, k and v (docs/tried.md): after
     earlier tests in the process ran 1024-token images in 1536-token batches, the step here
     failed at S = 2048 for that reason. The rotary's upstream gradient has sdpa's layout
     whichever backend computes it (the tests assert the strides)."""
