@@ -86,9 +86,16 @@ def pyplot(command: str, path):
 
 
 def save_figure(fig, path):
-    """Lays fig out, writes it to path (its folder made first) and closes it."""
+    """Lays fig out, writes it to path (its folder made first) and closes it. A log x axis (S) is
+    labelled at powers of two, without the minor labels, which overlap on a narrow range."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
+    for ax in fig.axes:
+        if ax.get_xscale() == "log":
+            ax.xaxis.set_major_locator(LogLocator(base=2))
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
