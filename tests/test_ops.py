@@ -201,6 +201,7 @@ SHAPES = {
     "D128": (128, 128, False, False),
     "D128-R104": (128, 104, False, True),
     "D80-R48": (80, 48, False, False),
+    "D80-R78": (80, 78, False, True),
     "D72-interleaved": (72, 72, True, False),
     "D80-R48-interleaved": (80, 48, True, False),
 }
@@ -271,6 +272,9 @@ def plan_constexprs(kernel, monkeypatch):
 @pytest.mark.interpret(mode="bwd_qk", shape="D72", cfg="channel_blocks")
 @pytest.mark.interpret(mode="fwd", shape="D128-R104", cfg="channel_blocks")
 @pytest.mark.interpret(mode="bwd_cs", shape="D80-R48", cfg="head_chunks")
+@pytest.mark.interpret(mode="fwd_cs", shape="D80-R78", cfg="channel_blocks")
+@pytest.mark.interpret(mode="bwd", shape="D80-R78", cfg="mixed")
+@pytest.mark.interpret(mode="bwd_q_table", shape="D80-R78", cfg="head_chunks")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("mode", MODES)
