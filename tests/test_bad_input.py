@@ -88,6 +88,7 @@ TABLE_WIDTH_ERROR = (
     r"{name} must be \[S, R\] with R even and at most head_dim 8 \(R < D: partial rotary\), got \(6, {R}\)"
 )
 GRAD_OF = {"grad_q_embed": "q", "grad_k_embed": "k"}
+TABLES = ("embeddings", "cos", "sin")
 
 
 def _rank(args, name, gen):
@@ -176,10 +177,10 @@ def _big_head_dim(args, name, gen):
 CASES = [
     ("rank", _rank, None),
     ("seq_len", _seq, lambda n: n != "q"),
-    ("head_dim_mismatch", _dim, lambda n: n not in ("q", "cos", "sin")),  # cos/sin: partial rotary
-    ("odd_table_width", _table_width(7), lambda n: n in ("cos", "sin")),
-    ("table_wider_than_head_dim", _table_width(10), lambda n: n in ("cos", "sin")),
-    ("empty_table_width", _table_width(0), lambda n: n in ("cos", "sin")),
+    ("head_dim_mismatch", _dim, lambda n: n not in ("q", *TABLES)),  # tables: partial rotary
+    ("odd_table_width", _table_width(7), lambda n: n in TABLES),
+    ("table_wider_than_head_dim", _table_width(10), lambda n: n in TABLES),
+    ("empty_table_width", _table_width(0), lambda n: n in TABLES),
     ("table_widths_differ", _table_mismatch, lambda n: n in ("cos", "sin")),
     ("heads_mismatch", _heads, lambda n: n in GRAD_OF),
     ("int_dtype", _int, None),

@@ -69,6 +69,34 @@ def test_rope_bwd_and_fwd(kernel, device, dtype, D, gen):
         _close(o, r, dtype, "rope_fwd")
 
 
+@pytest.mark.kernels_ci
+@pytest.mark.interpret(dtype=torch.bfloat16, D=80, rotary="halves-partial")
+@pytest.mark.interpret(dtype=torch.float32, D=72, rotary="interleaved-partial")
+@pytest.mark.interpret(dtype=torch.float16, D=128, rotary="interleaved")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("rotary", ROTARIES[1:])
+def test_rope_bwd_and_fwd_variants(kernel, device, dtype, D, rotary, gen):
+    """rope_fwd and rope_bwd (out= too) with angles [S, R] (R < D: partial rotary) and
+    interleaved pairs, strided q/k: the forms of the families beyond rotate_half."""
+    R, interleaved = rot_width(rotary, D), rotary.startswith("interleaved")
+    gq, gk, q, k, e = _inputs(11, 3, D, dtype, device, gen, HK=2)
+    q, k = (torch.cat([x, x], dim=-1)[..., ::2] for x in (q, k))  # strided views: every other channel
+    e = e[:, :R].contiguous()
+    fwd_ref, grad_ref = reference.reference_rotary_grads(gq, gk, q, k, e, interleaved=interleaved)
+    for out in (
+        kernel.rope_bwd(gq, gk, q, k, e, interleaved=interleaved),
+        kernel.rope_bwd(gq, gk, q, k, e, interleaved=interleaved, out=tuple(map(_poisoned, (q, k, e)))),
+    ):
+        for o, r, name in zip(out, grad_ref, ("grad_q", "grad_k", "grad_embeddings")):
+            assert o.shape == r.shape
+            _close(o, r, torch.float32 if name == "grad_embeddings" else dtype, name)
+    for o, r in zip(kernel.rope_fwd(q, k, e, interleaved=interleaved), fwd_ref):
+        assert o.dtype == dtype
+        _close(o, r, dtype, "rope_fwd")
+
+
 @pytest.mark.interpret(dtype=torch.float16, D=72)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)

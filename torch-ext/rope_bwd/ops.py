@@ -3,7 +3,7 @@
 Ops (named through add_op_namespace_prefix, so that several builds load in one process):
     rotary_fwd(q, k, table, sin?, interleaved) -> (q_embed, k_embed)
     rotary_bwd(gq, gk, q?, k?, table, sin?, need_q, need_k, interleaved) -> (dq, dk, dtable, dsin)
-    rope_bwd_out(...)   the backward of rope_fwd written into the caller's buffers
+    rope_bwd_out(..., interleaved)   the backward of rope_fwd written into the caller's buffers
 `table` holds the angles when `sin` is None, else cos. Outputs not asked for come back empty.
 rotary_fwd and rotary_bwd are triton_ops: torch.compile traces into them and inductor
 launches the kernel from its generated code; their fake implementation is that trace.
@@ -129,6 +129,7 @@ def rope_bwd_out(
     grad_q: Tensor,
     grad_k: Tensor,
     grad_embeddings: Tensor,
+    interleaved: bool = False,
 ) -> None:
     outs = [("grad_q", grad_q), ("grad_k", grad_k), ("grad_embeddings", grad_embeddings)]
     ins = [
@@ -140,17 +141,16 @@ def rope_bwd_out(
     ]
     check_out_memory("rope_bwd", outs, ins)
     if not _use_triton(q, k, embeddings):
-        for o, r in zip(
-            (grad_q, grad_k, grad_embeddings), rotary_torch.backward(grad_q_embed, grad_k_embed, q, k, embeddings)
-        ):
+        grads = rotary_torch.backward(grad_q_embed, grad_k_embed, q, k, embeddings, interleaved=interleaved)
+        for o, r in zip((grad_q, grad_k, grad_embeddings), grads):
             o.copy_(r)
         return
     _launch().launch_bwd(grad_q_embed=grad_q_embed, grad_k_embed=grad_k_embed, grad_q=grad_q, grad_k=grad_k,
-                         q=q, k=k, angles=embeddings, grad_angles=grad_embeddings)  # fmt: skip
+                         q=q, k=k, angles=embeddings, grad_angles=grad_embeddings, interleaved=interleaved)  # fmt: skip
 
 
 @rope_bwd_out.register_fake
-def _(grad_q_embed, grad_k_embed, q, k, embeddings, grad_q, grad_k, grad_embeddings):
+def _(grad_q_embed, grad_k_embed, q, k, embeddings, grad_q, grad_k, grad_embeddings, interleaved=False):
     return None
 
 
@@ -221,13 +221,15 @@ _DTYPES = """Dtypes: float32, bfloat16 and float16 run the kernel with math in f
     each result has the dtype of the tensor it is the value or gradient of."""
 
 
-def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
+def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor, *, interleaved: bool = False) -> tuple[Tensor, Tensor]:
     """Rotate q and k by the angles `embeddings`: q * cos + rotate_half(q) * sin, same for k.
 
     Args:
         q: [S, HQ, D], any strides; D even, at most 256.
         k: [S, HK, D], any strides.
-        embeddings: [S, D] angles; cos and sin are taken per element.
+        embeddings: [S, R] angles, R even and at most D (R < D: the first R channels of each
+            head are rotated, the rest pass through); cos and sin are taken per element.
+        interleaved: rotate the pairs (2i, 2i + 1) (rotate_pairwise); default (i, i + R/2).
 
     Returns:
         (q_embed, k_embed), contiguous, shaped and typed as q and k. Differentiable in q, k and
@@ -240,7 +242,7 @@ def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor]:
         kernel runs.
     """
     check_inputs("rope_fwd", [("q", q), ("k", k)], [("embeddings", embeddings)])
-    return rotary(q, k, embeddings, None, False)
+    return rotary(q, k, embeddings, None, interleaved)
 
 
 def apply_rotary_pos_emb_vision(
@@ -266,7 +268,7 @@ def apply_rotary_pos_emb_vision(
     Raises:
         ValueError / TypeError naming the argument, before any kernel runs.
     """
-    check_inputs("apply_rotary_pos_emb_vision", [("q", q), ("k", k)], [("cos", cos), ("sin", sin)], partial=True)
+    check_inputs("apply_rotary_pos_emb_vision", [("q", q), ("k", k)], [("cos", cos), ("sin", sin)])
     return rotary(q, k, cos, sin, interleaved)
 
 
@@ -274,13 +276,23 @@ _OUT_AND_INPUTS = ("out[grad_q]", "out[grad_k]", "out[grad_embeddings]", "grad_q
                    "embeddings")  # fmt: skip
 
 
-def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, out=None):
+def rope_bwd(
+    grad_q_embed: Tensor,
+    grad_k_embed: Tensor,
+    q: Tensor,
+    k: Tensor,
+    embeddings: Tensor,
+    *,
+    interleaved: bool = False,
+    out=None,
+):
     """The backward of rope_fwd (SOL-ExecBench 019): (grad_q, grad_k, grad_embeddings).
 
     Args:
         grad_q_embed, q: [S, HQ, D]; grad_k_embed, k: [S, HK, D]; any strides. Each upstream
             gradient has the dtype of its tensor.
-        embeddings: [S, D] angles.
+        embeddings: [S, R] angles, as for rope_fwd (R < D: partial rotary).
+        interleaved: as for rope_fwd.
         out: optional (grad_q, grad_k, grad_embeddings) to write instead of allocating: shaped
             and typed as q, k and embeddings, not overlapping the inputs or each other. As with
             torch's out= functions, what is written there is not differentiable: under grad mode
@@ -302,7 +314,7 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
     if out is None:
         # The op has no forward-mode or vmap rule: under those, the function that has them.
         bwd = rotary_grad if derivatives.transforms_active() else rotary_bwd
-        dq, dk, de, _ = bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True, False)
+        dq, dk, de, _ = bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True, interleaved)
         return dq, dk, de
     expected = [
         ("grad_q", q.shape, q.dtype, q.device),
@@ -311,7 +323,7 @@ def rope_bwd(grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, e
     ]
     check_out(fn, out, expected)
     check_out_autograd(fn, _OUT_AND_INPUTS, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))
-    rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out)
+    rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out, interleaved)
     return tuple(out)
 
 

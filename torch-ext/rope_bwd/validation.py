@@ -21,23 +21,21 @@ def _same(fn, name, got, want, what):
         raise ValueError(f"{fn}: {name} must have {what} {want}, got {got}")
 
 
-def check_inputs(fn, heads, tables, grads=(), partial=False):
+def check_inputs(fn, heads, tables, grads=()):
     """heads: [(name, tensor)] for q and k ([S, H, D]); tables: [(name, tensor)] for
-    embeddings or (cos, sin) ([S, D], or [S, R] with R even and R <= D where partial);
+    embeddings or (cos, sin) ([S, R], R even and R <= D: R < D is partial rotary);
     grads: [(name, tensor)], the upstream gradients of the heads in the same order, each
     shaped like its head."""
     named = (*heads, *tables, *grads)
     # The checks read only types, shapes, dtypes and devices: a call like one that passed
     # passes (host time per call is what a training step at small S waits on).
-    key = _passed_key(fn, named, partial)
+    key = _passed_key(fn, named)
     if key is not None and key in _PASSED:
         return
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    _check_meta(
-        fn, *[tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)], partial
-    )
+    _check_meta(fn, *[tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)])
     if key is not None:
         if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _PASSED.clear()
@@ -47,7 +45,7 @@ def check_inputs(fn, heads, tables, grads=(), partial=False):
 _PASSED = set()  # _passed_key of the calls whose checks passed
 
 
-def _passed_key(fn, named, partial):
+def _passed_key(fn, named):
     """What the checks read of a call, with each tensor's token count replaced by whether it
     equals q's: the checks' outcome then holds for every S, so the set of passed calls does
     not grow with the number of sizes. `fn` fixes the names and their order. None where it
@@ -57,14 +55,14 @@ def _passed_key(fn, named, partial):
         return None
     try:
         S = named[0][1].shape[0]
-        key = (fn, partial, *[(type(t), t.shape[1:], t.dtype, t.device, t.shape[0] == S) for _, t in named])
+        key = (fn, *[(type(t), t.shape[1:], t.dtype, t.device, t.shape[0] == S) for _, t in named])
         hash(key)
     except (AttributeError, IndexError, TypeError):
         return None
     return key
 
 
-def _check_meta(fn, heads, tables, grads, partial=False):
+def _check_meta(fn, heads, tables, grads):
     """check_inputs on (name, shape, dtype, device) of each tensor."""
     for name, shape, dtype, _ in heads + grads:
         _tensor(fn, name, shape, dtype, 3, "[S, H, D]")
@@ -80,7 +78,7 @@ def _check_meta(fn, heads, tables, grads, partial=False):
         _same(fn, name, tuple(shape), tuple(of_shape), f"the shape of {of_name}")
         _same(fn, name, dtype, of_dtype, f"the dtype of {of_name}")
     for name, shape, _, _ in tables:
-        if partial and shape[0] == S and shape[1] != D:
+        if shape[0] == S and shape[1] != D:
             if shape[1] % 2 or not 0 < shape[1] < D:
                 raise ValueError(
                     f"{fn}: {name} must be [S, R] with R even and at most head_dim {D} (R < D: partial rotary), "
