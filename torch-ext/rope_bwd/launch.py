@@ -73,7 +73,12 @@ def _launch(tensors, adjoint, interleaved, config):
     if S == 0:
         return
     device = x_q.device
-    if device.type == "cuda" and type(x_q) is torch.Tensor and _several_gpus() and device != _current(device):
+    if (
+        device.type == "cuda"
+        and type(x_q) is torch.Tensor
+        and _several_gpus()
+        and device.index != torch.cuda.current_device()
+    ):
         with torch.cuda.device(device):  # Triton launches on the current device
             return _launch(tensors, adjoint, interleaved, config)
     # Head counts and head_dim are constexprs: ints, specialized where a trace has them symbolic.
@@ -104,10 +109,6 @@ def _launch(tensors, adjoint, interleaved, config):
             fast_launch.warn(e)
             plan.fast = False
     rotary_kernel[grid](*_pointer_args(tensors), S, **plan.consts)
-
-
-def _current(device):
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 @functools.cache
