@@ -38,6 +38,7 @@ from .models import (
     OMNI,
     QUICK_OMNI,
     REAL_OMNI,
+    TRAINED,
     identity_rotary,
     make_config,
     make_images,
@@ -411,6 +412,12 @@ def add_arguments(parser):
         help=f"variants for --varres, of {','.join(varres.VARIANTS)}",
     )
     parser.add_argument("--depth", type=cli.positive_int, default=4, help="encoder depth for --varres")
+    parser.add_argument(
+        "--family",
+        choices=list(TRAINED),
+        default=OMNI,
+        help="the vision encoder --varres trains (default: Qwen3-Omni's)",
+    )
     parser.add_argument("--varres-child", help=argparse.SUPPRESS)  # the parent's call of each fresh process
     add_result_argument(parser)
     parser.add_argument(
@@ -424,7 +431,7 @@ def add_arguments(parser):
 def main(args) -> int:
     if args.varres_child:
         result = varres.child(
-            args.varres_child, args.varres_sides, args.repo_id or repo_id(), varres.model_config(args)
+            args.varres_child, args.varres_sides, args.repo_id or repo_id(), varres.model_config(args), args.family
         )
         args.child_result.write_text(json.dumps(result))
         return 0

@@ -1,7 +1,7 @@
 """`python -m rope_bwd_triton e2e --varres`: training on images of varying resolution.
 
 Each variant of the rotary runs in a fresh process with empty Triton and inductor caches,
-as a new training run starts: a random-init Qwen3-Omni vision encoder (models.py)
+as a new training run starts: a random-init Qwen3-Omni (or --family qwen2_5_vl) vision encoder (models.py)
 takes one training step (forward + backward) per image over a list of image sizes, twice.
 The first pass pays every compilation a variant needs; the second shows the steady state.
 Wall time per step, until the device is done.
@@ -25,11 +25,11 @@ VARIANTS = ("eager", "identity", "liger", "kernelized", "compiled")
 SIDES = (32, 48, 24, 64, 40, 56, 28, 72, 36, 20)
 
 
-def _install(variant, model, repo_id, device):
+def _install(variant, model, repo_id, device, family):
     """Puts `variant`'s rotary into the model (or compiles it); returns the model to step."""
     import kernels
 
-    modeling = models.modeling_module()
+    modeling = models.modeling_module(family)
     if variant == "identity":
         modeling.apply_rotary_pos_emb_vision = models.identity_rotary
     elif variant == "liger":
@@ -47,14 +47,14 @@ def _install(variant, model, repo_id, device):
     return model
 
 
-def child(variant, sides, repo_id, config) -> dict:
+def child(variant, sides, repo_id, config, family=models.OMNI) -> dict:
     """In the fresh process: {"passes": [[step ms per image], [...]], "tokens": [...]}. On a
     machine without CUDA it runs on the CPU (a code-path check: the times mean nothing)."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = models.make_vision_model(models.OMNI, dtype=torch.bfloat16, device=device, **config)
-    model = _install(variant, model, repo_id, device)
+    model = models.make_vision_model(family, dtype=torch.bfloat16, device=device, **config)
+    model = _install(variant, model, repo_id, device, family)
     images = [models.make_images(model, [[1, s, s]], seed=i) for i, s in enumerate(sides)]
     passes = []
     for _ in range(2):
@@ -84,6 +84,8 @@ def run(args, save=None) -> dict:
                 *map(str, args.varres_sides),
                 "--depth",
                 str(args.depth),
+                "--family",
+                args.family,
             ]
             if args.quick:
                 argv.append("--quick")
@@ -96,8 +98,9 @@ def run(args, save=None) -> dict:
 
 
 def model_config(args) -> dict:
-    """The encoder: the real width at --depth, or the tiny one with --quick."""
-    return models.QUICK_OMNI if args.quick else {**models.REAL_OMNI, "depth": args.depth}
+    """The encoder of --family: the released width at --depth, or the tiny one with --quick."""
+    real, quick = models.TRAINED[args.family]
+    return quick if args.quick else {**real, "depth": args.depth}
 
 
 def _meta(args) -> dict:
@@ -106,7 +109,7 @@ def _meta(args) -> dict:
     from .output import run_meta
 
     model = ", ".join(f"{k} {v}" for k, v in model_config(args).items()) + ", bf16, sdpa, one image per step"
-    return run_meta("cuda" if torch.cuda.is_available() else "cpu", model=model)
+    return run_meta("cuda" if torch.cuda.is_available() else "cpu", model=model, family=args.family)
 
 
 def markdown(report) -> str:
@@ -123,7 +126,8 @@ def markdown(report) -> str:
         rows.append([r["variant"], f"{first:.0f}", f"{second:.0f}", f"{statistics.median(r['passes'][1]):.1f}", ""])
     tokens = next((r["tokens"] for r in report["runs"] if "tokens" in r), [])
     return (
-        f"Training on images of varying resolution: Qwen3-Omni vision encoder ({meta['model']}); one "
+        f"Training on images of varying resolution: {meta.get('family', models.OMNI)} vision encoder "
+        f"({meta['model']}); one "
         f"forward + backward per image, {len(tokens)} images of {', '.join(map(str, tokens))} tokens, two passes; "
         f"each variant in a fresh process with empty Triton/inductor caches; wall time until the GPU is done. "
         f"{meta['gpu'] or 'CPU (code-path check only)'}, torch {v['torch']}, triton {v['triton']}, "

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rope_bwd_triton import REPO_ROOT, e2e, publish
 
 VARIANTS = ("eager", "kernelized", "identity")
@@ -125,11 +127,13 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     assert report["round_medians_ms"][7]["a"] == [1.0, 1.0, 1.0] and "profile" not in report
 
 
-def test_varres_quick(tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl"])
+def test_varres_quick(tmp_path, family):
     """`e2e --varres --quick`: each variant in its own fresh process, two passes over images of
-    varying size, on the CPU (a code-path check)."""
-    flags = ("--varres", "--varres-sides", "4", "6", "--variants", "eager,kernelized")
+    varying size, on the CPU (a code-path check), for each encoder it trains."""
+    flags = ("--varres", "--varres-sides", "4", "6", "--variants", "eager,kernelized", "--family", family)
     _, out, report = _quick_e2e(tmp_path, *flags, result="e2e-varres.json")
+    assert report["meta"]["family"] == family
     assert [r["variant"] for r in report["runs"]] == ["eager", "kernelized"]
     for r in report["runs"]:
         assert r["tokens"] == [16, 36] and len(r["passes"]) == 2
