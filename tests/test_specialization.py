@@ -451,25 +451,6 @@ def test_qwen_call_shares_one_configuration_across_buckets(kernel, monkeypatch):
         tuning._lookup.cache_clear()
 
 
-def test_tuned_table_is_the_newest_version_not_above_triton(kernel, tmp_path, monkeypatch):
-    """A GPU's file maps Triton versions to tables: a Triton takes the newest key not above its
-    own major.minor (compared as numbers: 3.10 is after 3.9), none below the oldest key."""
-    import json
-
-    tuning = importlib.import_module(f"{kernel.__name__}.tuning")
-    tables = {v: {f"fwd-D72-R32-b2-S256-{v}": {"BLOCK_S": 1}} for v in ("3.6", "3.7", "3.10")}
-    monkeypatch.setattr(tuning, "CONFIG_DIR", tmp_path)
-    tuning.config_file("Some GPU/X").write_text(json.dumps(tables))
-    assert tuning.config_file("Some GPU/X").name == "Some_GPU_X.json"
-    tuning.tuned_table.cache_clear()
-    try:
-        for version, want in (("3.5", None), ("3.6", "3.6"), ("3.8", "3.7"), ("3.9", "3.7"), ("3.10", "3.10")):
-            assert tuning.tuned_table("Some GPU/X", version) == tables.get(want, {}), version
-        assert tuning.tuned_table("Another GPU", "3.7") == {}
-    finally:
-        tuning.tuned_table.cache_clear()
-
-
 def test_input_checks_cache_does_not_grow_with_sizes(kernel, gen):
     """The argument checks are cached per layout, not per S; a mismatch still names the real sizes."""
     validation = importlib.import_module(f"{kernel.__name__}.validation")
