@@ -13,7 +13,8 @@
 #             .ab/base): the 16 public workloads, and the real call at S = 1024/4096/16384
 #   e2e       Qwen3-Omni vision-encoder training step: eager, kernelized, bound
 #             (E2E_ARGS, default --rounds 10 --iters 50 --profile: traces under $OUT)
-#   varres    training on images of varying resolution (e2e --varres), fresh processes (VARRES_ARGS)
+#   varres    training on images of varying resolution (e2e --varres), fresh processes (VARRES_ARGS,
+#             e.g. "--family qwen2_5_vl --depth 8")
 #   overhead  first calls in fresh processes with empty caches, and host time per call with the
 #             fast launch on and off (OVERHEAD_ARGS)
 #   tune      search launch configurations -> this Triton's table in torch-ext/rope_bwd/configs/<GPU>.json
