@@ -117,7 +117,9 @@ def implementations(kernel, others, peers, variant="halves"):
 
     impls = {"ours": ("ours", ours(kernel))}
     for i, other in enumerate(others):
-        impls[ab_name(i)] = (f"A/B: {other.__name__}", ours(other))
+        # builds from before the interleaved and partial forms serve the others alone
+        if variant in ("halves", "bf16-tables") or supports_variants(other):
+            impls[ab_name(i)] = (f"A/B: {other.__name__}", ours(other))
     if variant not in ("halves", "bf16-tables"):
         return impls
     if "compile" in peers:
@@ -134,6 +136,13 @@ def implementations(kernel, others, peers, variant="halves"):
     if "transformers" in peers:
         impls["transformers"] = ("transformers (eager)", transformers_fn())
     return impls
+
+
+def supports_variants(build) -> bool:
+    """Whether a build of ours takes interleaved pairs and partial tables (both came together)."""
+    import inspect
+
+    return "interleaved" in inspect.signature(build.apply_rotary_pos_emb_vision).parameters
 
 
 def reference(x, rows, interleaved=False):

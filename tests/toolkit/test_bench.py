@@ -246,6 +246,25 @@ def test_quick_realcall_variants(tmp_path):
         assert all(r["verify"]["ok"] for r in w["results"].values())
 
 
+def test_ab_builds_from_before_the_variants_serve_the_halves_alone():
+    """An A/B build whose function takes no `interleaved` (from before the interleaved and
+    partial forms) is timed on the halves and bf16 tables only, not counted as failing the
+    others; a build that takes it is timed on every form."""
+    import types
+
+    def old(q, k, cos, sin):
+        return q, k
+
+    def new(q, k, cos, sin, *, interleaved=False):
+        return q, k
+
+    builds = [types.SimpleNamespace(__name__=n, apply_rotary_pos_emb_vision=f) for n, f in (("old", old), ("new", new))]
+    for variant in realcall.VARIANTS:
+        impls = realcall.implementations(builds[1], builds, set(), variant)
+        both = variant in ("halves", "bf16-tables")
+        assert set(impls) == {"ours", "ab2"} | ({"ab"} if both else set()), variant
+
+
 def test_variant_inputs_are_the_tables_families_build():
     gen = torch.Generator().manual_seed(0)
     x = realcall.make_inputs(5, 2, 8, torch.bfloat16, "sdpa", "cpu", gen, "interleaved")
