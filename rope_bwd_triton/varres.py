@@ -1,8 +1,9 @@
 """`python -m rope_bwd_triton e2e --varres`: training on images of varying resolution.
 
 Each variant of the rotary runs in a fresh process with empty Triton and inductor caches,
-as a new training run starts: a random-init Qwen3-Omni (or --family qwen2_5_vl) vision encoder (models.py)
-takes one training step (forward + backward) per image over a list of image sizes, twice.
+as a new training run starts: a random-init vision encoder (models.TRAINED: Qwen3-Omni's, or
+--family qwen2_5_vl) takes one training step (forward + backward) per image over a list of
+image sizes, twice.
 The first pass pays every compilation a variant needs; the second shows the steady state.
 Wall time per step, until the device is done.
 
@@ -47,7 +48,7 @@ def _install(variant, model, repo_id, device, family):
     return model
 
 
-def child(variant, sides, repo_id, config, family=models.OMNI) -> dict:
+def child(variant, sides, repo_id, config, family) -> dict:
     """In the fresh process: {"passes": [[step ms per image], [...]], "tokens": [...]}. On a
     machine without CUDA it runs on the CPU (a code-path check: the times mean nothing)."""
     import torch
@@ -126,7 +127,7 @@ def markdown(report) -> str:
         rows.append([r["variant"], f"{first:.0f}", f"{second:.0f}", f"{statistics.median(r['passes'][1]):.1f}", ""])
     tokens = next((r["tokens"] for r in report["runs"] if "tokens" in r), [])
     return (
-        f"Training on images of varying resolution: {meta.get('family', models.OMNI)} vision encoder "
+        f"Training on images of varying resolution: {meta['family']} vision encoder "
         f"({meta['model']}); one "
         f"forward + backward per image, {len(tokens)} images of {', '.join(map(str, tokens))} tokens, two passes; "
         f"each variant in a fresh process with empty Triton/inductor caches; wall time until the GPU is done. "
