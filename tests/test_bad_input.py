@@ -103,7 +103,7 @@ def _mismatch_expectation(name):
         return rf"{name} must have the shape of {GRAD_OF[name]}"
     if name == "k":
         return r"k must have \(S, D\) equal to q's"
-    return rf"{name} must have shape \[S, D\]"
+    return rf"{name} must have q's token count S = {S}, got {S - 1}"
 
 
 def _seq(args, name, gen):

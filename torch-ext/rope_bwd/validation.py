@@ -78,14 +78,12 @@ def _check_meta(fn, heads, tables, grads):
         _same(fn, name, tuple(shape), tuple(of_shape), f"the shape of {of_name}")
         _same(fn, name, dtype, of_dtype, f"the dtype of {of_name}")
     for name, shape, _, _ in tables:
-        if shape[0] == S and shape[1] != D:
-            if shape[1] % 2 or not 0 < shape[1] < D:
-                raise ValueError(
-                    f"{fn}: {name} must be [S, R] with R even and at most head_dim {D} (R < D: partial rotary), "
-                    f"got {tuple(shape)}"
-                )
-        else:
-            _same(fn, name, tuple(shape), (S, D), "shape [S, D] =")
+        _same(fn, name, shape[0], S, "q's token count S =")
+        if shape[1] % 2 or not 0 < shape[1] <= D:
+            raise ValueError(
+                f"{fn}: {name} must be [S, R] with R even and at most head_dim {D} (R < D: partial rotary), "
+                f"got {tuple(shape)}"
+            )
     if len(tables) == 2:
         _same(fn, tables[1][0], tuple(tables[1][1]), tuple(tables[0][1]), f"the shape of {tables[0][0]}")
         _same(fn, tables[1][0], tables[1][2], tables[0][2], f"the dtype of {tables[0][0]}")
