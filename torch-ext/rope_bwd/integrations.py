@@ -1,55 +1,11 @@
-"""Kernelize transformers' vision rotary by kernel name.
-
-Many of transformers' vision encoders (Qwen2-VL to Qwen3.5, GLM-4V, MiniMax-M3, Inkling2
-and more) define their vision rotary as a plain module-level function,
-`apply_rotary_pos_emb_vision(q, k, cos, sin)`, that the vision attention's forward
-calls as a global. `kernels.kernelize` only sees layers, so `make_kernelizable` turns
-that function into one with the kernels library's own mechanisms:
-
-1. the function becomes an instance of a `_TransformersRotary` class, an nn.Module made
-   extensible under the kernel layer name of its variant (below) by
-   `kernels.replace_kernel_forward_from_hub` (what `use_kernel_forward_from_hub` does
-   to a function, minus its local class, which pickle cannot find);
-2. the modeling module's global is rebound to that instance, so the attention
-   forward calls it;
-3. it is added to the `_kernel_funcs` of the attention modules, as
-   `kernels.use_kernelized_func` does: through the attention class's constructor
-   (models built later) and directly (models passed in), so that `kernelize` visits it.
-
-Then the standard flow applies: a kernel mapping for the layer names (`kernel_mapping`)
-and `kernels.kernelize(model, mode=..., device=...)`. `kernelize_vision_rotary` does all
-of it for one model.
-
-Families are found at run time, not from a list: a family is a package
-`transformers.models.<family>` whose `modeling_<family>` module defines the function
-(`find_families` reads the sources and imports nothing; a model's families come from its
-own modules). Before a family's function is swapped, `classify` evaluates it on small
-random float64 inputs against the package's math for each variant, and on low-precision
-inputs for its output dtypes; a function that is none of the variants is refused with
-the reason, and nothing is patched. A variant is
-  - a rotation: halves (transformers' rotate_half) or interleaved pairs (2i, 2i+1; its
-    rotate_pairwise), over the first cos.shape[-1] channels of head_dim, the other
-    channels passed through (partial rotary; most families rotate all of them);
-  - a dtype rule: each output in its input's dtype (the function casts to float32 and
-    back, as most families do), or in torch's promotion of its input with cos and sin
-    (the function computes in the inputs' dtypes: a bf16 q under autocast meets float32
-    cos/sin and comes out float32).
-Each variant has its kernel layer name (`VARIANT_LAYERS`), whose layer in layers.py
-calls the kernel accordingly.
-
-One layer per modeling module: kernelize replaces the `forward` of that shared
-instance, so every model of a family in the process follows the last kernelize
-call that reached it (all models of that family run the kernel, or all the
-original). The kernel's ops dispatch on the tensors' device, so one kernelized
-instance serves CPU and CUDA models alike. `restore_transformers` puts the
-original functions back.
-
-Pickling: the layer is a patch of the process, not state of a model. A model pickles
-(torch.save) without it, kernelized or restored, and loads in any process, without
-this package: it calls transformers' function there, until it is kernelized again.
-
-`kernels` and `transformers` are imported inside the functions: the package
-itself needs only torch.
+"""Kernelize transformers' vision rotary `apply_rotary_pos_emb_vision(q, k, cos, sin)` by
+kernel name: `make_kernelizable` makes each family's function a kernelizable layer under the
+layer name of its variant (found by evaluating the function, `classify`), `kernel_mapping`
+maps those names to this repository, `kernelize_vision_rotary` does both and kernelizes a
+model. Families are found at run time, from transformers' sources, and a function that is none
+of the variants is refused, nothing patched. The layer is a patch of the process: a model
+pickles without it. `kernels` and `transformers` are imported inside the functions: the
+package itself needs only torch.
 """
 
 import copy
@@ -75,7 +31,8 @@ _SIGNATURE = ("q", "k", "cos", "sin")
 
 
 class Variant(NamedTuple):
-    """What a family's rotary computes: see the module's docstring."""
+    """What a family's rotary computes: a rotation over the first cos.shape[-1] channels (the rest
+    passed through) and a dtype rule (`classify` tells them)."""
 
     interleaved: bool  # pairs (2i, 2i+1) rotated; else the two halves
     promotes: bool  # outputs in the promotion of q's (k's) dtype with cos's and sin's; else q's (k's)
