@@ -30,12 +30,17 @@ QUICK_OMNI = dict(
     out_hidden_size=48,
 )
 # The encoders the varied-resolution training runs (e2e --varres --family): family -> (the
-# released model's width, 16 heads; a tiny one for --quick); --depth sets the depth. Qwen2.5-VL:
+# released model's width; a tiny one for --quick); --depth sets the depth. Qwen2.5-VL:
 # 16 heads of 80, window attention; its merger's output narrowed (not part of the attention).
+# GLM-4V (GLM-4.1V): 12 heads of 128, attention over each whole image.
 TRAINED = {
     OMNI: (REAL_OMNI, QUICK_OMNI),
     "qwen2_5_vl": (
         dict(hidden_size=1280, num_heads=16, intermediate_size=3420, out_hidden_size=2048),
+        dict(hidden_size=32, num_heads=2, intermediate_size=64, depth=2, patch_size=4, out_hidden_size=48),
+    ),
+    "glm4v": (
+        dict(hidden_size=1536, num_heads=12, intermediate_size=13696, out_hidden_size=4096),
         dict(hidden_size=32, num_heads=2, intermediate_size=64, depth=2, patch_size=4, out_hidden_size=48),
     ),
 }

@@ -2,7 +2,7 @@
 
 Each variant of the rotary runs in a fresh process with empty Triton and inductor caches,
 as a new training run starts: a random-init vision encoder (models.TRAINED: Qwen3-Omni's, or
---family qwen2_5_vl) takes one training step (forward + backward) per image over a list of
+--family qwen2_5_vl or glm4v) takes one training step (forward + backward) per image over a list of
 image sizes, twice.
 The first pass pays every compilation a variant needs; the second shows the steady state.
 Wall time per step, until the device is done.

@@ -127,7 +127,7 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     assert report["round_medians_ms"][7]["a"] == [1.0, 1.0, 1.0] and "profile" not in report
 
 
-@pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl", "glm4v"])
 def test_varres_quick(tmp_path, family):
     """`e2e --varres --quick`: each variant in its own fresh process, two passes over images of
     varying size, on the CPU (a code-path check), for each encoder it trains."""
