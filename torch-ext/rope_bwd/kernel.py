@@ -160,22 +160,27 @@ def _copy_tail(
 
 @triton.jit
 def _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_sin_seq, stride_sin_dim, s, ch1,
-                 ch2, mask, ANGLES: tl.constexpr):  # fmt: skip
+                 ch2, mask, ANGLES: tl.constexpr, JOINED: tl.constexpr):  # fmt: skip
     """(t1, t2, n1, n2): the table, and sin unless ANGLES, at channels ch1 and ch2 of rows s
-    ([BLOCK_S, BLOCK_D] each) in float32, by one access. Triton regroups a loaded table for the
-    broadcast over heads, and for 2-byte tables right after the load, which the regrouping waits
-    for: with one load for all four a program waits for one round trip, not four."""
-    ch = tl.join(ch1, ch2)
-    m = tl.join(mask, mask)
-    t_ptrs = table_ptr + s[:, :, None] * stride_table_seq + ch * stride_table_dim
-    if ANGLES:
-        t1, t2 = tl.split(tl.load(t_ptrs, mask=m, other=0.0).to(tl.float32))
-        n1, n2 = t1, t2  # unused: the caller takes sin of the angles
+    ([BLOCK_S, BLOCK_D] each) in float32. JOINED: all of them by one access (for 2-byte tables,
+    which Triton regroups right after their load: one load then waits for one round trip, not
+    four); else (angles only) one access per channel set, which Triton regroups where it is used."""
+    if JOINED:
+        ch = tl.join(ch1, ch2)
+        m = tl.join(mask, mask)
+        t_ptrs = table_ptr + s[:, :, None] * stride_table_seq + ch * stride_table_dim
+        if ANGLES:
+            t1, t2 = tl.split(tl.load(t_ptrs, mask=m, other=0.0).to(tl.float32))
+        else:
+            n_ptrs = sin_ptr + s[:, :, None] * stride_sin_seq + ch * stride_sin_dim
+            t, n = tl.split(tl.load(tl.join(t_ptrs, n_ptrs), mask=tl.join(m, m), other=0.0).to(tl.float32))
+            t1, t2 = tl.split(t)
+            n1, n2 = tl.split(n)
     else:
-        n_ptrs = sin_ptr + s[:, :, None] * stride_sin_seq + ch * stride_sin_dim
-        t, n = tl.split(tl.load(tl.join(t_ptrs, n_ptrs), mask=tl.join(m, m), other=0.0).to(tl.float32))
-        t1, t2 = tl.split(t)
-        n1, n2 = tl.split(n)
+        t1 = tl.load(table_ptr + s * stride_table_seq + ch1 * stride_table_dim, mask=mask, other=0.0).to(tl.float32)
+        t2 = tl.load(table_ptr + s * stride_table_seq + ch2 * stride_table_dim, mask=mask, other=0.0).to(tl.float32)
+    if ANGLES:
+        n1, n2 = t1, t2  # unused: the caller takes sin of the angles
     return t1, t2, n1, n2
 
 
@@ -275,9 +280,15 @@ def rotary_kernel(
     s2 = s[:, None]
     s3 = s[:, None, None]
 
+    # The table and the first chunk of heads are loaded in the order that leaves a program one DRAM
+    # round trip to wait for: 4-byte angles first, by separate loads (their cos and sin then overlap
+    # the chunk's loads); other tables after the chunk, by one load (Triton regroups 2-byte tables
+    # right after their load, which then waits).
+    TABLE_FIRST: tl.constexpr = ANGLES and table_ptr.dtype.element_ty.primitive_bitwidth > 16
+    if TABLE_FIRST:
+        t1, t2, n1, n2 = _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_sin_seq,
+                                      stride_sin_dim, s2, ch1, ch2, mask_sj, ANGLES, False)  # fmt: skip
     # fmt: off
-    # The first chunk of heads is loaded before the table: a program then waits for one DRAM round
-    # trip, not two (Triton may regroup a loaded table right after its load, which then waits).
     h = tl.arange(0, BLOCK_H)[None, :, None]
     xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = _load_chunk(
         in_q_ptr, in_k_ptr, q_ptr, k_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, stride_in_k_seq,
@@ -285,8 +296,9 @@ def rotary_kernel(
         stride_k_dim, s3, h, pid_d, seq_len, HQ, HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST,
         READ_Q, READ_K, GRAD_TABLE)
     # fmt: on
-    t1, t2, n1, n2 = _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_sin_seq,
-                                  stride_sin_dim, s2, ch1, ch2, mask_sj, ANGLES)  # fmt: skip
+    if not TABLE_FIRST:
+        t1, t2, n1, n2 = _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_sin_seq,
+                                      stride_sin_dim, s2, ch1, ch2, mask_sj, ANGLES, True)  # fmt: skip
     if ANGLES:  # once per token row, for all the heads
         c1 = tl.cos(t1)
         c2 = tl.cos(t2)
