@@ -41,7 +41,9 @@ TRAINED = {
     ),
     "glm4v": (
         dict(hidden_size=1536, num_heads=12, intermediate_size=13696, out_hidden_size=4096),
-        dict(hidden_size=32, num_heads=2, intermediate_size=64, depth=2, patch_size=4, out_hidden_size=48),
+        dict(
+            hidden_size=32, num_heads=2, depth=2, intermediate_size=64, patch_size=4, out_hidden_size=48, image_size=32
+        ),
     ),
 }
 

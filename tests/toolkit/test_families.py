@@ -269,9 +269,7 @@ def test_kernelized_function_equals_the_familys(kernel, integrations, family, de
 # family -> tiny configuration (head_dim 16) of its vision model (models.FAMILIES)
 ENCODERS = {
     "qwen2_vl": dict(embed_dim=32, hidden_size=48, num_heads=2, depth=2, mlp_ratio=2, patch_size=4),
-    "glm4v": dict(
-        hidden_size=32, num_heads=2, depth=2, intermediate_size=64, patch_size=4, out_hidden_size=48, image_size=32
-    ),
+    "glm4v": models.TRAINED["glm4v"][1],  # the tiny encoder e2e --varres --quick trains
     "inkling2": dict(
         hidden_size=32,
         num_attention_heads=2,
