@@ -462,13 +462,10 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
 
 
 def _local_kernel_path(repo_id: str):
-    """Where LOCAL_KERNELS points `repo_id`, or None; read by the parser get_kernel uses."""
-    spec = os.environ.get("LOCAL_KERNELS")
-    if not spec:
-        return None
-    from kernels.load import _parse_local_kernel_overrides
-
-    return _parse_local_kernel_overrides(spec).get(repo_id)
+    """Where LOCAL_KERNELS (`repo_id=path:repo_id=path`, kernels' format) points `repo_id`, or
+    None. Parsed here: kernels' own parser is private and moved between its releases."""
+    entries = (e.split("=", 1) for e in os.environ.get("LOCAL_KERNELS", "").split(":") if "=" in e)
+    return {repo: Path(path) for repo, path in entries}.get(repo_id)
 
 
 def kernelize_vision_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, version: int = 1, **kernelize_kwargs):
