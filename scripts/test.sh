@@ -4,7 +4,9 @@
 # the package tests again with TRITON_INTERPRET=1, so that the Triton kernel itself runs in
 # Triton's interpreter on CPU tensors (only the cases marked `interpret`: each kernel branch
 # and layout once, on small shapes; tests/conftest.py), then hub CI's test step in its own
-# environment (scripts/hub-ci.sh) and the workflows' lint. Arguments go to both pytest runs.
+# environment (scripts/hub-ci.sh), the tests that go through kernels and transformers on their
+# newest releases (scripts/newest.sh) and the workflows' lint. Arguments go to the first two
+# pytest runs.
 # Each stage's wall time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +28,5 @@ stage ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'  
 stage suite $PY -m pytest -q "$@"
 stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q tests/test_*.py "$@"
 stage hub-ci bash scripts/hub-ci.sh
+stage newest bash scripts/newest.sh
 stage lint-workflows bash scripts/lint-workflows.sh

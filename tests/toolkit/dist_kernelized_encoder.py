@@ -31,14 +31,16 @@ def images(model, rank):
 
 
 def kernelized_model(kernel, device):
-    from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
+    from kernels import KernelizeFallback, LocalLayerRepository, Mode, kernelize, use_kernel_mapping
 
     model = models.make_vision_model(FAMILY, device=device, **models.QUICK_OMNI)
     integrations = kernel.integrations
     integrations.make_kernelizable(model)
     repo = LocalLayerRepository(repo_path=Path(REPO_ROOT), layer_name=integrations.LAYER_NAME)
+    # Raise on any failure of ours; layers of transformers' own that this mapping does not name
+    # (GeluTanh, with kernels >= 0.19) keep their forward.
     with use_kernel_mapping({integrations.LAYER_NAME: {device.type: repo}}):
-        model = kernelize(model, mode=Mode.TRAINING, device=device.type, use_fallback=False)
+        model = kernelize(model, mode=Mode.TRAINING, device=device.type, use_fallback=KernelizeFallback.NO_LAYER)
     layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
     assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward, "not kernelized"
     return model
