@@ -11,7 +11,9 @@ Presets (each a set of defaults; an option given on the command line wins):
 
 The kernel loads as users load it (the Hub variants built into build/, kernels.get_kernel);
 --ab adds other builds of it (checkouts with build/) to the same run, for A/B comparisons
-in one process. Every implementation is verified against float64 before it is timed.
+in one process. Every implementation is verified against float64 before it is timed; a
+workload's implementations are then timed in turns, over --rounds rounds that each start
+one implementation later, so that none gains from its place in the order.
 Each call is timed by two methods at once (timing.py): the kernel span (CUPTI) and CUDA
 events; --timer picks the primary figure, the JSON carries both. Writes JSON (everything
 measured), markdown and a plot, and prints a table; the exit status is 1 if ours failed.
@@ -28,9 +30,9 @@ from pathlib import Path
 from . import REPO_ROOT, cli, copybound, measure, realcall, suite
 
 PRESETS = {
-    "suite": dict(set="all", heads=16, head_dims=[128], calls=40, timer="span", tasks=list(measure.TASKS),
+    "suite": dict(set="all", heads=16, head_dims=[128], calls=40, rounds=6, timer="span", tasks=list(measure.TASKS),
                   peers=list(measure.PEERS), copy_mib=1024, verify_tokens=4096),
-    "realcall": dict(seq_lens=list(realcall.SEQ_LENS), heads=16, head_dims=list(realcall.HEAD_DIMS), calls=40,
+    "realcall": dict(seq_lens=list(realcall.SEQ_LENS), heads=16, head_dims=list(realcall.HEAD_DIMS), calls=40, rounds=6,
                      timer="span", dtypes=["bfloat16"], layouts=list(realcall.LAYOUTS), peers=list(realcall.PEERS),
                      variants=["halves"], verify_tokens=2048),
 }  # fmt: skip
@@ -77,6 +79,11 @@ def add_arguments(parser):
     )
     parser.add_argument("--ab", type=Path, nargs="+", help="also time other builds of ours: checkouts with build/")
     parser.add_argument("--calls", type=cli.positive_int, help="timed calls per workload (default 40)")
+    parser.add_argument(
+        "--rounds",
+        type=cli.positive_int,
+        help="the calls split over rounds in which a workload's implementations take turns (default 6)",
+    )
     parser.add_argument(
         "--timer",
         choices=("events", "span"),

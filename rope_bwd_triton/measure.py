@@ -196,8 +196,9 @@ def _skip_reason(impl, device):
 
 
 def measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, bar):
-    """One workload: each implementation in `impls` verified against float64, then timed by
-    `timer`; `bar` (tqdm) shows progress. Returns the workload's entry of the run JSON."""
+    """One workload, task by task: each implementation in `impls` verified against float64, then
+    the task's implementations (ours, the A/B builds, the peers) timed by `timer` in --rounds
+    rotating rounds; `bar` (tqdm) shows progress. Returns the workload's entry of the run JSON."""
     import torch
 
     from .timing import bandwidth_GBps, time_us
@@ -205,51 +206,59 @@ def measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, b
     seed = args.seed * 1_000_003 + S * 1009 + H * 31 + D
     data = Data(S, H, D, timer.device, seed)
     rows = suite.verify_rows(S, args.verify_tokens, seed)
-    floors = {}
-    for task, (_, mode, dtype_name) in TASKS.items():
-        nbytes = suite.floor_bytes(S, H, D, elem=getattr(torch, dtype_name).itemsize, table_elem=4, mode=mode)
-        floors[task] = {"bytes": nbytes, "us": time_us(nbytes, bandwidth)}
-    refs = {}
     results = {}
-    for impl in impls:
-        bar.set_postfix_str(f"S={S} H={H} D={D} {impl.name}")
-        reason = _skip_reason(impl, timer.device)
-        if reason:
-            results[impl.name] = {"label": impl.label, "task": impl.task, "skipped": reason}
+
+    def failed(impl, error):
+        results[impl.name] = {"label": impl.label, "task": impl.task, "error": f"{type(error).__name__}: {error}"}
+        bar.write(f"  {impl.name} S={S} H={H} D={D}: {results[impl.name]['error']}")
+
+    floors = {}
+    for task, (_, mode, dtype) in TASKS.items():
+        nbytes = suite.floor_bytes(S, H, D, elem=getattr(torch, dtype).itemsize, table_elem=4, mode=mode)
+        floor = floors[task] = {"bytes": nbytes, "us": time_us(nbytes, bandwidth)}
+        calls, checks, ref = {}, {}, None
+        for impl in (i for i in impls if i.task == task):
+            bar.set_postfix_str(f"S={S} H={H} D={D} {impl.name}")
+            reason = _skip_reason(impl, timer.device)
+            if reason:
+                results[impl.name] = {"label": impl.label, "task": task, "skipped": reason}
+                bar.update()
+                continue
+            try:
+                call = impl.make(kernel, data.inputs(mode, dtype))
+                call()
+                if impl.check:
+                    checks[impl.name] = impl.check(call)
+                else:
+                    ref = ref if ref is not None else data.reference(mode, dtype, rows)
+                    checks[impl.name] = suite.judge(call.last, ref, dtype, rows)
+                calls[impl.name] = call
+            except Exception as exc:  # one failing peer must not cost the whole (GPU-time limited) run
+                failed(impl, exc)
+                bar.update()
+        bar.set_postfix_str(f"S={S} H={H} D={D} timing {task}")
+        for name, stats in timer.in_rounds(calls, args.rounds).items():
+            impl = next(i for i in impls if i.name == name)
             bar.update()
-            continue
-        _, mode, dtype = TASKS[impl.task]
-        try:
-            call = impl.make(kernel, data.inputs(mode, dtype))
-            call()
-            if impl.check:
-                check = impl.check(call)
-            else:
-                if impl.task not in refs:
-                    refs[impl.task] = data.reference(mode, dtype, rows)
-                check = suite.judge(call.last, refs[impl.task], dtype, rows)
-            stats = timer(call)
-        except Exception as exc:  # one failing peer must not cost the whole (GPU-time limited) run
-            results[impl.name] = {"label": impl.label, "task": impl.task, "error": f"{type(exc).__name__}: {exc}"}
-            bar.write(f"  {impl.name} S={S} H={H} D={D}: {results[impl.name]['error']}")
-            bar.update()
-            continue
-        floor = floors[impl.task]
-        results[impl.name] = {
-            "label": impl.label,
-            "task": impl.task,
-            "time": stats.as_dict(),
-            "x_floor": stats.mean_us / floor["us"],
-            "GBps": bandwidth_GBps(floor["bytes"], stats.mean_us),
-            "verify": check,
-        }
-        if not check["ok"]:
-            bar.write(f"  {impl.name} S={S} H={H} D={D}: verification FAILED (rel err {check['max_rel_err']:.2e})")
-        del call
-        bar.update()
+            if isinstance(stats, Exception):
+                failed(impl, stats)
+                continue
+            check = checks[name]
+            results[name] = {
+                "label": impl.label,
+                "task": task,
+                "time": stats.as_dict(),
+                "x_floor": stats.mean_us / floor["us"],
+                "GBps": bandwidth_GBps(floor["bytes"], stats.mean_us),
+                "verify": check,
+            }
+            if not check["ok"]:
+                bar.write(f"  {name} S={S} H={H} D={D}: verification FAILED (rel err {check['max_rel_err']:.2e})")
+        del calls
     del data
     if timer.cuda:
         torch.cuda.empty_cache()
+    results = {i.name: results[i.name] for i in impls if i.name in results}
     return {"set": set_name, "S": S, "H": H, "D": D, "floors": floors, "results": results}
 
 
@@ -291,7 +300,7 @@ def measure(args, kernel, others=(), after_workload=None) -> dict:
         if i.peer is None
     ]
     todo = workloads(args)
-    meta = run_meta(timer.device, kernel=kernel, timer=timer)
+    meta = run_meta(timer.device, kernel=kernel, timer=timer, rounds=args.rounds)
     measured = []
     with tqdm(total=len(todo) * len(impls), desc="bench", unit="run", file=sys.stderr) as bar:
         for set_name, S, H, D in todo:

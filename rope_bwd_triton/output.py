@@ -63,6 +63,13 @@ def recorded_versions(meta) -> dict:
     return meta.get("versions", meta)
 
 
+def in_rounds(meta) -> str:
+    """How a run's calls were taken, for its header: " in N rotating rounds" (runs from before
+    rounds existed timed each implementation's calls at once)."""
+    rounds = meta.get("rounds")
+    return f" in {rounds} rotating rounds" if rounds else ""
+
+
 def markdown_table(header, rows) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

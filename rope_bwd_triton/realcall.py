@@ -177,7 +177,9 @@ def measure(args, kernel, others=()) -> dict:
         for lay in args.layouts
         for S in args.seq_lens
     ]
-    meta = run_meta(device, kernel=kernel, timer=timer, heads=args.heads, ab=[str(p) for p in args.ab or ()])
+    meta = run_meta(
+        device, kernel=kernel, timer=timer, heads=args.heads, rounds=args.rounds, ab=[str(p) for p in args.ab or ()]
+    )
     rows_out = []
     n_runs = sum(len(impls[w[0]]) + ("copy" in args.peers) for w in workloads)
     with tqdm(total=n_runs, desc="realcall", unit="run", file=sys.stderr) as bar:
@@ -201,18 +203,28 @@ def measure(args, kernel, others=()) -> dict:
             calls = {name: FwdBwd(fn, x) for name, (_, fn) in impls[variant].items()}
             if "copy" in args.peers:
                 calls["copy"] = Copies(nbytes, device)
-            for name, call in calls.items():
+            checks, names = {}, list(calls)
+            for name, call in list(calls.items()):
                 bar.set_postfix_str(f"{variant} {dtype_name} D={D} {layout} S={S} {name}")
                 try:
                     call()
-                    check = {"ok": call.ok()} if name == "copy" else suite.judge(call.last, refs, dtype_name, rows)
-                    stats = timer(call)
-                    entry["results"][name] = {"time": stats.as_dict(), "verify": check}
-                    if not check["ok"]:
-                        bar.write(f"  {name} {workload_name(entry)}: verification FAILED {check}")
+                    checks[name] = (
+                        {"ok": call.ok()} if name == "copy" else suite.judge(call.last, refs, dtype_name, rows)
+                    )
                 except Exception as exc:  # a failing peer must not cost the whole run
-                    entry["results"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+                    entry["results"][name] = exc
+                    del calls[name]
+            bar.set_postfix_str(f"{variant} {dtype_name} D={D} {layout} S={S} timing")
+            entry["results"] |= timer.in_rounds(calls, args.rounds)  # ours, the A/B builds and the peers in turns
+            entry["results"] = {name: entry["results"][name] for name in names}
+            for name, out in entry["results"].items():
+                if isinstance(out, Exception):
+                    entry["results"][name] = {"error": f"{type(out).__name__}: {out}"}
                     bar.write(f"  {name} {workload_name(entry)}: {entry['results'][name]['error']}")
+                else:
+                    entry["results"][name] = {"time": out.as_dict(), "verify": checks[name]}
+                    if not checks[name]["ok"]:
+                        bar.write(f"  {name} {workload_name(entry)}: verification FAILED {checks[name]}")
                 bar.update()
             rows_out.append(entry)
             del x, calls
@@ -250,7 +262,7 @@ def _markdown(run) -> str:
     gpu = meta.get("gpu") or f"{meta['device']} ({meta.get('note', '')})"
     lines = [
         f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
-        f"{meta['heads']} heads; {gpu}; {meta['timer']}; mean of {meta['calls']} calls; "
+        f"{meta['heads']} heads; {gpu}; {meta['timer']}; mean of {meta['calls']} calls{output.in_rounds(meta)}; "
         f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}; {meta['date']}.  ",
         f"Command: `{meta['command']}`",
         "",

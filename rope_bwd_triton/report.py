@@ -82,7 +82,7 @@ def _run_markdown(run) -> str:
         f"liger-kernel {v['liger-kernel'] or 'not installed'}, Python {v['python']}  ",
         f"Date: {meta['date']}; kernel variant `{meta['kernel_variant']}`  ",
         f"Command: `{meta['command']}`  ",
-        f"Timer: {meta['timer']}; mean of {meta['calls']} calls per workload.  ",
+        f"Timer: {meta['timer']}; mean of {meta['calls']} calls per workload{output.in_rounds(meta)}.  ",
         f"Copy bandwidth (device-to-device copy, read + write): {copy['GBps'] / 1e3:.2f} TB/s "
         f"({copy['bytes'] >> 20} MiB buffer).",
     ]

@@ -29,8 +29,10 @@ On a CPU device the same interface times wall clock without a cache flush and
 without a profiler (`Stats.other` is None): only there to exercise the code
 path, the numbers mean nothing.
 
-`interleave` takes turns round by round, for the commands that time several
-things by the host's clock or over whole steps (overhead, e2e).
+`timer.in_rounds` times several calls in rotating rounds (bench: a workload's
+implementations, ours and the A/B builds among them); `interleave` takes turns
+round by round, for the commands that time things by the host's clock or over
+whole steps (overhead, e2e).
 """
 
 import contextlib
@@ -236,15 +238,25 @@ class ColdL2Timer:
         return cycles / (start.elapsed_time(end) * 1e3)
 
     def __call__(self, fn) -> Stats:
+        return self.stats(self.samples(fn, self.calls))
+
+    def stats(self, samples: dict) -> Stats:
+        """Stats of `samples` (what samples() returns, or several of them joined)."""
+        primary = samples[self.primary if self.other else "events"]
+        return Stats.of(primary, other=Stats.of(samples[self.other]) if self.other else None)
+
+    def samples(self, fn, calls: int) -> dict:
+        """{method: [us of each of `calls` timed calls of fn()]}, after `warmup` untimed calls;
+        "events" alone on the CPU or unprofiled."""
         for _ in range(self.warmup):
             fn()
         if not self.cuda:
             times = []
-            for _ in range(self.calls):
+            for _ in range(calls):
                 t0 = time.perf_counter()
                 fn()
                 times.append((time.perf_counter() - t0) * 1e6)
-            return Stats.of(times)
+            return {"events": times}
         torch.cuda.synchronize(self.device)
         self._flushes = []
         # The host cost is measured under the profiler too: CUPTI makes each launch dearer.
@@ -256,17 +268,44 @@ class ColdL2Timer:
         with recording as prof:
             host_us = self._host_cost_us(fn)
             events = []
-            for first in range(0, self.calls, BATCH):
-                events += self._batch(fn, min(BATCH, self.calls - first), host_us)
+            for first in range(0, calls, BATCH):
+                events += self._batch(fn, min(BATCH, calls - first), host_us)
         if not self.profile:
-            return Stats.of(events)
+            return {"events": events}
         spans = split_spans(_gpu_activities(prof), len(self._flushes))
         spans = [s for s, timed in zip(spans, self._flushes) if timed]
-        assert len(spans) == len(events) == self.calls
+        assert len(spans) == len(events) == calls
         if None in spans:
             raise RuntimeError(f"kernel span: {spans.count(None)} of {len(spans)} timed calls launched no GPU work")
-        times = {"events": events, "span": spans}
-        return Stats.of(times[self.primary], other=Stats.of(times[self.other]))
+        return {"events": events, "span": spans}
+
+    def in_rounds(self, fns: dict, rounds: int) -> dict:
+        """{name: Stats or the exception it raised} of each fn of `fns` ({name: fn}), its `calls`
+        timed calls split over `rounds` rounds in which every name takes its turn, each round
+        starting one name later: where in the order a call is timed (the drift of the machine,
+        what the call before it left behind) then lands on every name alike, as an A/B needs."""
+        if not fns:
+            return {}
+        shares = [self.calls // rounds + (r < self.calls % rounds) for r in range(rounds)]
+        shares = [n for n in shares if n]
+        failed, done = {}, {name: 0 for name in fns}
+
+        def turn(name):
+            if name in failed:
+                return None
+            try:
+                out = self.samples(fns[name], shares[done[name]])
+            except Exception as exc:  # one failing implementation must not cost the others' run
+                failed[name] = exc
+                return None
+            done[name] += 1
+            return out
+
+        turns = interleave(fns, turn, len(shares), rotate=True)
+        return {
+            name: failed.get(name) or self.stats({m: [t for part in parts for t in part[m]] for m in parts[0]})
+            for name, parts in turns.items()
+        }
 
     def _host_cost_us(self, fn) -> float:
         """Host time to enqueue one flushed, timed call (the GPU idles meanwhile, so it never blocks)."""

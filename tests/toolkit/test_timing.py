@@ -64,6 +64,29 @@ def test_interleave_takes_turns_round_by_round():
     assert "".join(order) == "abc" + "bca" + "cab"
 
 
+def test_in_rounds_times_every_call_its_share_in_rotating_turns():
+    """A/B runs time ours and the other builds in turns: 7 calls over 3 rounds are 3 + 2 + 2 timed
+    calls each (after the warm-up), each round one name later; a call that raises loses only its
+    own figure."""
+    timer = ColdL2Timer("cpu", calls=7, warmup=1)
+    order = []
+
+    def call(name):
+        def fn():
+            order.append(name)
+            if name == "c" and order.count("c") == 5:  # its first call of the second round
+                raise RuntimeError("c broke")
+
+        return fn
+
+    out = timer.in_rounds({n: call(n) for n in "abc"}, rounds=3)
+    # 1 warm-up call and the round's share; the third round starts at c, which has dropped out
+    assert "".join(order) == "aaaabbbbcccc" + "bbbcaaa" + "aaabbb"
+    assert (out["a"].n, out["b"].n) == (7, 7)
+    assert isinstance(out["c"], RuntimeError)
+    assert timer.in_rounds({}, rounds=3) == {}
+
+
 @pytest.fixture(scope="module")
 def gpu_timers():
     return {m: ColdL2Timer("cuda", calls=20, warmup=2, primary=m) for m in timing.METHODS}
