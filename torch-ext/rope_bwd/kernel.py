@@ -45,16 +45,15 @@ def _pair_tile(
     """Pointers and mask of BLOCK_D pairs of heads h ([1, BLOCK_H, 1]) of tokens s ([BLOCK_S, 1, 1]):
     [2, S, H, D] (PAIR_AXIS_FIRST) or [S, H, D, 2]; interleaved pairs are contiguous, so their tile
     is flat, [S, H, 2*D] (wide accesses), and is reshaped to [S, H, D, 2] once loaded."""
-    base = ptr + s * stride_seq + h * stride_head
-    in_range = (s < seq_len) & (h < H)
+    # The heads' offset and mask come last: what precedes them is the same for every chunk of heads.
     if INTERLEAVED:
         c = pid_d * 2 * BLOCK_D + tl.arange(0, 2 * BLOCK_D)[None, None, :]
-        ptrs = base + c * stride_dim
-        mask = in_range & (c < 2 * HALF)
+        ptrs = (ptr + s * stride_seq + c * stride_dim) + h * stride_head
+        mask = (s < seq_len) & (c < 2 * HALF) & (h < H)
     else:
         j = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)[None, None, :]
-        p = base + j * stride_dim
-        m = in_range & (j < HALF)
+        p = (ptr + s * stride_seq + j * stride_dim) + h * stride_head
+        m = (s < seq_len) & (j < HALF) & (h < H)
         if PAIR_AXIS_FIRST:
             ptrs = p[None, :, :, :] + tl.arange(0, 2)[:, None, None, None] * (HALF * stride_dim)
             mask = m[None, :, :, :]
@@ -164,7 +163,8 @@ def _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_
     """(t1, t2, n1, n2): the table, and sin unless ANGLES, at channels ch1 and ch2 of rows s
     ([BLOCK_S, BLOCK_D] each) in float32. JOINED: all of them by one access (for 2-byte tables,
     which Triton regroups right after their load: one load then waits for one round trip, not
-    four); else (angles only) one access per channel set, which Triton regroups where it is used."""
+    four; and for cos/sin with an odd HALF); else one access per table and channel set, which
+    Triton regroups where it is used."""
     if JOINED:
         ch = tl.join(ch1, ch2)
         m = tl.join(mask, mask)
@@ -179,6 +179,9 @@ def _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_
     else:
         t1 = tl.load(table_ptr + s * stride_table_seq + ch1 * stride_table_dim, mask=mask, other=0.0).to(tl.float32)
         t2 = tl.load(table_ptr + s * stride_table_seq + ch2 * stride_table_dim, mask=mask, other=0.0).to(tl.float32)
+        if not ANGLES:
+            n1 = tl.load(sin_ptr + s * stride_sin_seq + ch1 * stride_sin_dim, mask=mask, other=0.0).to(tl.float32)
+            n2 = tl.load(sin_ptr + s * stride_sin_seq + ch2 * stride_sin_dim, mask=mask, other=0.0).to(tl.float32)
     if ANGLES:
         n1, n2 = t1, t2  # unused: the caller takes sin of the angles
     return t1, t2, n1, n2
@@ -281,10 +284,11 @@ def rotary_kernel(
     s3 = s[:, None, None]
 
     # The table and the first chunk of heads are loaded in the order that leaves a program one DRAM
-    # round trip to wait for: 4-byte angles first, by separate loads (their cos and sin then overlap
-    # the chunk's loads); other tables after the chunk, by one load (Triton regroups 2-byte tables
+    # round trip to wait for: 4-byte tables first, by separate loads (cos and sin of angles then
+    # overlap the chunk's loads), but for cos/sin with an odd HALF, whose second halves take scalar
+    # accesses; those and 2-byte tables after the chunk, by one load (Triton regroups 2-byte tables
     # right after their load, which then waits).
-    TABLE_FIRST: tl.constexpr = ANGLES and table_ptr.dtype.element_ty.primitive_bitwidth > 16
+    TABLE_FIRST: tl.constexpr = table_ptr.dtype.element_ty.primitive_bitwidth > 16 and (ANGLES or HALF % 2 == 0)
     if TABLE_FIRST:
         t1, t2, n1, n2 = _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_sin_seq,
                                       stride_sin_dim, s2, ch1, ch2, mask_sj, ANGLES, False)  # fmt: skip
