@@ -9,7 +9,7 @@
 #   realcall  the real model's call (views of qkv, sdpa's and flash-attention's gradient
 #             layouts) against a copy of its bytes and the peers (REALCALL_ARGS)
 #   copybound ours against the best plain Triton copy of each task's bytes on the suite
-#   ab        this tree against another build in one process (AB=<checkout with build/>, default
+#   ab        this tree against other builds in one process (AB="<checkouts with build/>", default
 #             .ab/base): the 16 public workloads, and the real call at S = 1024/4096/16384
 #   e2e       Qwen3-Omni vision-encoder training step: eager, kernelized, bound
 #             (E2E_ARGS, default --rounds 10 --iters 50 --profile: traces under $OUT)
@@ -47,8 +47,8 @@ for stage in "$@"; do
     bench)    run_bench suite bench ;;
     realcall) run_bench realcall realcall ${REALCALL_ARGS:-} ;;
     copybound) run_bench copybound copybound ;;
-    ab)       run_bench suite ab-suite --set suite --peers "" --ab "${AB:-.ab/base}" | tail -30 &&
-              run_bench realcall ab-realcall --seq-lens 1024 4096 16384 --peers copy --ab "${AB:-.ab/base}" ;;
+    ab)       run_bench suite ab-suite --set suite --peers "" --ab ${AB:-.ab/base} | tail -30 &&
+              run_bench realcall ab-realcall --seq-lens 1024 4096 16384 --peers copy --ab ${AB:-.ab/base} ;;
     e2e)      python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
               HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e ${E2E_ARGS:---rounds 10 --iters 50 --profile} --out "$OUT" ;;
     varres)   python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
