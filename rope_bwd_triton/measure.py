@@ -206,7 +206,7 @@ def measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, b
     seed = args.seed * 1_000_003 + S * 1009 + H * 31 + D
     data = Data(S, H, D, timer.device, seed)
     rows = suite.verify_rows(S, args.verify_tokens, seed)
-    results = {}
+    results, by_name = {}, {i.name: i for i in impls}
 
     def failed(impl, error):
         results[impl.name] = {"label": impl.label, "task": impl.task, "error": f"{type(error).__name__}: {error}"}
@@ -238,7 +238,7 @@ def measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, b
                 bar.update()
         bar.set_postfix_str(f"S={S} H={H} D={D} timing {task}")
         for name, stats in timer.in_rounds(calls, args.rounds).items():
-            impl = next(i for i in impls if i.name == name)
+            impl = by_name[name]
             bar.update()
             if isinstance(stats, Exception):
                 failed(impl, stats)
@@ -258,7 +258,7 @@ def measure_workload(kernel, impls, timer, bandwidth, set_name, S, H, D, args, b
     del data
     if timer.cuda:
         torch.cuda.empty_cache()
-    results = {i.name: results[i.name] for i in impls if i.name in results}
+    results = {name: results[name] for name in by_name if name in results}
     return {"set": set_name, "S": S, "H": H, "D": D, "floors": floors, "results": results}
 
 

@@ -203,8 +203,8 @@ def measure(args, kernel, others=()) -> dict:
             calls = {name: FwdBwd(fn, x) for name, (_, fn) in impls[variant].items()}
             if "copy" in args.peers:
                 calls["copy"] = Copies(nbytes, device)
-            checks, names = {}, list(calls)
-            for name, call in list(calls.items()):
+            checks, outcome = {}, {}  # outcome: the exception a call raised, else its Stats
+            for name, call in calls.items():
                 bar.set_postfix_str(f"{variant} {dtype_name} D={D} {layout} S={S} {name}")
                 try:
                     call()
@@ -212,12 +212,12 @@ def measure(args, kernel, others=()) -> dict:
                         {"ok": call.ok()} if name == "copy" else suite.judge(call.last, refs, dtype_name, rows)
                     )
                 except Exception as exc:  # a failing peer must not cost the whole run
-                    entry["results"][name] = exc
-                    del calls[name]
+                    outcome[name] = exc
             bar.set_postfix_str(f"{variant} {dtype_name} D={D} {layout} S={S} timing")
-            entry["results"] |= timer.in_rounds(calls, args.rounds)  # ours, the A/B builds and the peers in turns
-            entry["results"] = {name: entry["results"][name] for name in names}
-            for name, out in entry["results"].items():
+            # ours, the A/B builds and the peers in turns
+            outcome |= timer.in_rounds({n: c for n, c in calls.items() if n in checks}, args.rounds)
+            for name in calls:
+                out = outcome[name]
                 if isinstance(out, Exception):
                     entry["results"][name] = {"error": f"{type(out).__name__}: {out}"}
                     bar.write(f"  {name} {workload_name(entry)}: {entry['results'][name]['error']}")
