@@ -146,8 +146,8 @@ def _extra_argument(q, k, cos, sin, unsqueeze_dim=1):
 @pytest.mark.parametrize(
     "function, why",
     [
-        (_rotate_the_other_way, "differ from both rotations"),
-        (_always_float32, "neither theirs nor the promoted dtypes"),
+        (_rotate_the_other_way, "as ApplyRotaryPosEmbVision, .*relative error"),
+        (_always_float32, "outputs in torch.float32 and torch.float32, not torch.float64"),
         (_extra_argument, "it takes"),
     ],
     ids=["values", "dtypes", "signature"],

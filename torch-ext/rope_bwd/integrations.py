@@ -144,28 +144,27 @@ def families_in(*models) -> list:
 
 # ------------------------------------------------------------------ classification
 
-
-def _reference(q, k, cos, sin, interleaved: bool):
-    """A variant's math (rotary_torch, the package's specification; cos/sin [S, R] broadcast
-    over heads and a leading batch), in float64 for float64 inputs."""
-    return rotary_torch.forward(q, k, cos, sin, interleaved)
-
-
-# The probes: S tokens, HQ/HK heads of D channels; R rotated in the partial case, R/2 odd
-# (as MiniMax-M3's 78 of 80) so that no halves/pairs layout coincides with another.
+# The probes: S tokens, HQ/HK heads of D channels; R rotated in the partial case, R/2 odd (as
+# MiniMax-M3's 78 of 80) so that no halves/pairs layout coincides with another. float64 probes
+# tell the rotation by values and gradients; the mixed dtypes, on which the two dtype rules
+# disagree, tell the rule.
 _S, _HQ, _HK, _D, _R = 5, 2, 3, 16, 10
-_SHAPES = (("q [S, H, D], cos [S, D]", (_S,), _D), ("q [B, S, H, D], cos [S, D]", (2, _S), _D))
-_PARTIAL = ("q [S, H, D], cos [S, R < D]", (_S,), _R)
-_DTYPES = (  # (q, k, cos and sin): the two rules disagree on the first two
+_DTYPES = (  # (q, k, cos and sin)
+    (torch.float64,) * 3,
     (torch.bfloat16, torch.float32, torch.float32),
     (torch.float32, torch.bfloat16, torch.bfloat16),
-    (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+    (torch.bfloat16,) * 3,
+)
+_PROBES = (  # (leading dims of q and k, table width, dtypes)
+    *(((_S,), _D, d) for d in _DTYPES),
+    *(((2, _S), _D, d) for d in _DTYPES),
+    ((_S,), _R, _DTYPES[0]),
 )
 _TOL_FLOAT64 = 1e-4  # most families compute in float32 even on float64 inputs
 _TOL_BF16 = 3e-2  # a few bf16 roundings (2^-9 each) of the largest value
 
 
-def _probe_inputs(gen, lead, rot, dtypes=(torch.float64,) * 3):
+def _probe_inputs(gen, lead, rot, dtypes):
     def rnd(*shape, dtype):
         return torch.randn(*shape, generator=gen, dtype=torch.float64, device="cpu").to(dtype)
 
@@ -174,94 +173,53 @@ def _probe_inputs(gen, lead, rot, dtypes=(torch.float64,) * 3):
 
 
 def _max_err(outs, refs) -> float:
-    """Largest |out - ref| over both outputs, relative to their largest |ref|."""
-    err = max((o.double() - r.double()).abs().max().item() for o, r in zip(outs, refs))
+    """Largest |out - ref| over the outputs, relative to their largest |ref|; a missing
+    output (an unused gradient) counts as zeros."""
+    err = max(((r.double() if o is None else o.double() - r.double())).abs().max().item() for o, r in zip(outs, refs))
     return err / max(max(r.abs().max().item() for r in refs), 1e-30)
 
 
-class _BadOutput(Exception):
-    """What a function returned instead of (q_embed, k_embed)."""
-
-
 def _call(fn, args):
-    """fn's outputs, or the exception it raised, or a _BadOutput when they are not two
-    tensors shaped like q and k."""
+    """fn's outputs, None when it raises (a call its model never makes), or a ValueError's
+    text when they are not two tensors shaped like q and k."""
     try:
         outs = fn(*args)
-    except Exception as e:  # any failure: a call its model cannot make
-        return e
+    except Exception:
+        return None
     if not (isinstance(outs, (tuple, list)) and len(outs) == 2 and all(isinstance(o, torch.Tensor) for o in outs)):
-        return _BadOutput(f"returned {type(outs).__name__}, not (q_embed, k_embed)")
+        return f"returned {type(outs).__name__}, not (q_embed, k_embed)"
     if tuple(outs[0].shape) != tuple(args[0].shape) or tuple(outs[1].shape) != tuple(args[1].shape):
-        return _BadOutput(f"returned shapes {[tuple(o.shape) for o in outs]}, not those of q and k")
+        return f"returned shapes {[tuple(o.shape) for o in outs]}, not those of q and k"
     return outs
 
 
-def _rotation(fn, gen) -> tuple:
-    """(interleaved, leading dims of a probe it ran, None), or (None, None, why), from
-    float64 probes: a probe the function raises on is a call its model never makes; every
-    other must match one rotation, values and gradients of q, k, cos and sin, and at least
-    one full-rotary probe must run."""
-    errs = {False: [], True: []}  # the rotation -> what differed
-    ran = []
-    for what, lead, rot in (*_SHAPES, _PARTIAL):
-        args = [t.requires_grad_() for t in _probe_inputs(gen, lead, rot)]
-        outs = _call(fn, args)
-        if isinstance(outs, _BadOutput):
-            return None, None, f"{what}: {outs}"
-        if isinstance(outs, Exception):
-            continue
-        if not all(o.requires_grad for o in outs):
-            return None, None, f"{what}: its outputs carry no gradient"
-        if rot == _D:
-            ran.append(lead)
-        cot = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device="cpu") for o in outs]
-        grads = torch.autograd.grad(outs, args, cot, allow_unused=True)
-        for interleaved in errs:
-            refs = _reference(*args, interleaved)
-            ref_grads = torch.autograd.grad(refs, args, cot)
-            err = max(
-                _max_err(outs, refs),
-                *(_max_err([g if g is not None else torch.zeros_like(r)], [r]) for g, r in zip(grads, ref_grads)),
-            )
-            if not err <= _TOL_FLOAT64:
-                errs[interleaved].append(f"{what}: relative error {err:.2g}")
-    if not ran:
-        return None, None, f"it raised on every probe ({', '.join(w for w, _, _ in _SHAPES)})"
-    matched = [i for i, e in errs.items() if not e]
-    if not matched:
-        why = "; ".join(f"{'rotate_pairwise' if i else 'rotate_half'}: {e[0]}" for i, e in errs.items())
-        return None, None, f"values or gradients differ from both rotations ({why}; float64 inputs)"
-    return matched[0], ran[0], None
-
-
-def _dtype_rule(fn, gen, interleaved: bool, lead) -> tuple:
-    """(promotes, None), or (None, why) when the output dtypes follow neither rule or the
-    low-precision values are off. A dtype mix the function raises on binds no rule; when
-    both rules remain, dtypes kept (as most families)."""
-    rules = {False, True}
-    for dtypes in _DTYPES:
-        args = _probe_inputs(gen, lead, _D, dtypes)
-        with torch.no_grad():
-            outs = _call(fn, args)
-        if isinstance(outs, Exception):
-            continue
-        got = tuple(o.dtype for o in outs)
-        promoted = tuple(torch.promote_types(x.dtype, dtypes[2]) for x in args[:2])
-        rules &= {p for p in rules if got == (promoted if p else dtypes[:2])}
-        what = f"q {dtypes[0]}, k {dtypes[1]}, cos/sin {dtypes[2]}"
-        if not rules:
-            return None, f"outputs in {got[0]} and {got[1]} for {what}: neither theirs nor the promoted dtypes"
-        err = _max_err(outs, _reference(*(a.double() for a in args), interleaved))
-        if not err <= _TOL_BF16:
-            return None, f"{what}: relative error {err:.2g} from the float64 math of those inputs"
-    return False not in rules, None
+def _mismatch(variant, args, outs, cot, grads) -> str:
+    """How `outs` (and, on float64 probes, the gradients `grads` of cotangents `cot`) differ
+    from the variant's on `args`; "" when they do not. The variant's values come from the
+    package's math (rotary_torch) in float64 on the rounded inputs."""
+    q, k, cos, _ = args
+    want = tuple(torch.promote_types(x.dtype, cos.dtype) if variant.promotes else x.dtype for x in (q, k))
+    got = tuple(o.dtype for o in outs)
+    if got != want:
+        return f"outputs in {got[0]} and {got[1]}, not {want[0]} and {want[1]}"
+    exact = q.dtype == torch.float64
+    ref_args = [a.detach().double().requires_grad_(exact) for a in args]
+    refs = rotary_torch.forward(*ref_args, interleaved=variant.interleaved)
+    errs = [_max_err(outs, refs)]
+    if exact:
+        ref_grads = torch.autograd.grad(refs, ref_args, cot)
+        errs += [_max_err([g], [r]) for g, r in zip(grads, ref_grads)]
+    err = max(errs)
+    return "" if err <= (_TOL_FLOAT64 if exact else _TOL_BF16) else f"relative error {err:.2g} in values or gradients"
 
 
 def classify(function, name: str = None) -> Variant:
     """The variant that `function` (an `apply_rotary_pos_emb_vision`) computes, from small
-    random probes against the package's math; a ValueError saying what differed when it
-    is none. `name` names it in the error."""
+    random probes against the package's math: every probe it does not raise on must match
+    the variant, values, gradients of q, k, cos and sin (float64) and output dtypes, and it
+    must run at least one full-rotary probe. The first variant of `VARIANT_LAYERS` that
+    matches, so dtypes kept where no probe tells the rule. A ValueError saying what differed
+    when none does; `name` names the function there."""
     if function in _CLASSIFIED:
         return _CLASSIFIED[function]
     name = name or getattr(function, "__qualname__", repr(function))
@@ -273,12 +231,33 @@ def classify(function, name: str = None) -> Variant:
     if params != _SIGNATURE:
         raise ValueError(f"{prefix}: it takes {params}, not {_SIGNATURE}")
     gen = torch.Generator().manual_seed(0)
-    interleaved, lead, why = _rotation(function, gen)
-    if why is None:
-        promotes, why = _dtype_rule(function, gen, interleaved, lead)
-    if why is not None:
-        raise ValueError(f"{prefix}: {why}")
-    _CLASSIFIED[function] = variant = Variant(interleaved, promotes)
+    why = dict.fromkeys(VARIANT_LAYERS, "")  # variant -> the first probe it failed, and how
+    ran_full = False
+    for lead, rot, dtypes in _PROBES:
+        args = _probe_inputs(gen, lead, rot, dtypes)
+        what = f"q {list(args[0].shape)} {dtypes[0]}, k {dtypes[1]}, cos/sin {list(args[2].shape)} {dtypes[2]}"
+        exact = dtypes[0] == torch.float64
+        outs = _call(function, [a.requires_grad_(exact) for a in args])
+        if isinstance(outs, str) or (exact and outs is not None and not all(o.requires_grad for o in outs)):
+            raise ValueError(f"{prefix}: {what}: {outs or 'its outputs carry no gradient'}")
+        if outs is None:
+            continue
+        ran_full |= rot == _D
+        cot = grads = None
+        if exact:
+            cot = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
+            grads = torch.autograd.grad(outs, args, cot, allow_unused=True)
+        for variant in [v for v, w in why.items() if not w]:
+            mismatch = _mismatch(variant, args, outs, cot, grads)
+            why[variant] = mismatch and f"{what}: {mismatch}"
+    if not ran_full:
+        raise ValueError(f"{prefix}: it raised on every probe that rotates all of head_dim")
+    variant = next((v for v, w in why.items() if not w), None)
+    if variant is None:
+        reasons = set(why.values())
+        text = reasons.pop() if len(reasons) == 1 else "; ".join(f"as {v.layer_name}, {w}" for v, w in why.items())
+        raise ValueError(f"{prefix}: {text}")
+    _CLASSIFIED[function] = variant
     return variant
 
 
