@@ -66,14 +66,18 @@ def forward_impl(q, k, table, sin, interleaved):
     return q_embed, k_embed
 
 
-def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved):
-    """(dq, dk, dtable, dsin), None where not asked for; the table gradient when q is given."""
+def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved, out=None):
+    """(dq, dk, dtable, dsin), None where not asked for; the table gradient when q is given.
+    out: the caller's (dq, dk, dtable) to write instead (rope_bwd_out: angles, all asked for)."""
     if not _use_triton(gq, gk, table):
-        return rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
+        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
+        return grads if out is None else (*(o.copy_(g) for o, g in zip(out, grads)), None)
     grad_table = q is not None
-    dq = _empty_like(gq) if need_q else None
-    dk = _empty_like(gk) if need_k else None
-    dt = _empty_like(table) if grad_table else None
+    dq, dk, dt = out or (
+        _empty_like(gq) if need_q else None,
+        _empty_like(gk) if need_k else None,
+        _empty_like(table) if grad_table else None,
+    )
     ds = _empty_like(sin) if grad_table and sin is not None else None
     _launch().launch_bwd(grad_q_embed=gq, grad_k_embed=gk, grad_q=dq, grad_k=dk, q=q, k=k,
                          interleaved=interleaved, **_tables(table, sin), **_table_grads(sin, dt, ds))  # fmt: skip
@@ -140,13 +144,9 @@ def rope_bwd_out(
         ("embeddings", embeddings),
     ]
     check_out_memory("rope_bwd", outs, ins)
-    if not _use_triton(q, k, embeddings):
-        grads = rotary_torch.backward(grad_q_embed, grad_k_embed, q, k, embeddings, interleaved=interleaved)
-        for o, r in zip((grad_q, grad_k, grad_embeddings), grads):
-            o.copy_(r)
-        return
-    _launch().launch_bwd(grad_q_embed=grad_q_embed, grad_k_embed=grad_k_embed, grad_q=grad_q, grad_k=grad_k,
-                         q=q, k=k, angles=embeddings, grad_angles=grad_embeddings, interleaved=interleaved)  # fmt: skip
+    backward_impl(
+        grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True, interleaved, (grad_q, grad_k, grad_embeddings)
+    )
 
 
 @rope_bwd_out.register_fake
