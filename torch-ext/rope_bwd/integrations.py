@@ -175,7 +175,7 @@ def _probe_inputs(gen, lead, rot, dtypes):
 def _max_err(outs, refs) -> float:
     """Largest |out - ref| over the outputs, relative to their largest |ref|; a missing
     output (an unused gradient) counts as zeros."""
-    err = max(((r.double() if o is None else o.double() - r.double())).abs().max().item() for o, r in zip(outs, refs))
+    err = max((r.double() if o is None else o.double() - r.double()).abs().max().item() for o, r in zip(outs, refs))
     return err / max(max(r.abs().max().item() for r in refs), 1e-30)
 
 

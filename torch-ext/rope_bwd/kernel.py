@@ -1,25 +1,15 @@
 """The rotary embedding's Triton kernel, forward and backward (launch.py launches it).
 
-One program owns BLOCK_S tokens x BLOCK_D rotated pairs, for every head of q and k, taken
-BLOCK_R // 2 heads of each side at a time. Per pair (x1, x2) and table pairs (c1, c2),
-(s1, s2) (rotary_torch.py states the math):
+One program owns BLOCK_S tokens x BLOCK_D rotated pairs, for every head of q and k, BLOCK_R // 2
+heads of each side at a time. Per pair (x1, x2) and table pairs (c1, c2), (s1, s2)
+(rotary_torch.py states the math):
     forward:  y1 = x1*c1 - x2*s1      y2 = x2*c2 + x1*s2
     adjoint:  y1 = x1*c1 + x2*s2      y2 = x2*c2 - x1*s1
     grad_cos = sum_h (g * x)          grad_sin = sum_h (g * (-x2, x1))
     grad_angles = cos * grad_sin - sin * grad_cos
-A pair is (j, j + HALF) (halves) or (2j, 2j + 1) (INTERLEAVED); channels past 2*HALF
-(partial rotary) are copied by the programs of the first pair block.
-
-Both elements of a pair are read by one access, along a tile axis of 2, so the partner
-comes from registers. cos/sin are evaluated once per token row for all heads. The table
-gradient is a sum over heads in registers in a fixed order: deterministic, no atomics.
-Within a chunk of heads every load of both sides comes before any store: the compiler
-cannot prove that outputs do not alias inputs, and interleaved loads and stores would
-serialize. Offsets are int64: S*H*D may pass 2^31 elements.
-
-Strides are constexprs (a stride >= 0 is itself, -a stands for a*seq_len: see
-launch.encode_strides); seq_len is the only integer argument and is not specialized, so
-a new sequence length compiles nothing.
+A pair is (j, j + HALF) (halves) or (2j, 2j + 1) (INTERLEAVED); channels past 2*HALF (partial
+rotary) are copied by the programs of the first pair block. The table gradient is summed over
+heads in registers in a fixed order: deterministic. Offsets are int64.
 """
 
 import triton
@@ -327,7 +317,7 @@ def rotary_kernel(
     gs2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     for h0 in range(0, HQ if HQ > HK else HK, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
-        if h0 > 0:  # every load of a chunk, both sides', before any of its stores
+        if h0 > 0:  # every load of a chunk, both sides', before any store (which may alias them)
             # fmt: off
             xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = _load_chunk(
                 in_q_ptr, in_k_ptr, q_ptr, k_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim,

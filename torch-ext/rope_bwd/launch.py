@@ -1,14 +1,10 @@
 """Launches of kernel.rotary_kernel: the configuration, the constexprs, the grid.
 
 Compiled once per layout, never per sequence length: the only runtime arguments are the
-pointers and seq_len. Strides are constexprs, and a stride that grows with S (the heads of
-sdpa's [1, H, S, D] gradient seen as [S, H, D]: head stride S*D) is passed as -a for a*S
-(`encode_strides`), which the kernel multiplies back. Triton compiles one kernel per value of
-the constexprs, the pointers' dtypes and 16-byte alignment, and seq_len's integer width.
-
-Eager calls find a cached plan by layout and launch through fast_launch where it works, else
-through `rotary_kernel[grid]`. Calls traced by torch.compile launch through
-torch.library.wrap_triton, so that inductor launches the kernel from its generated code.
+pointers and seq_len, and a stride that grows with S (the heads of sdpa's [1, H, S, D]
+gradient seen as [S, H, D]) is passed as the constexpr -a for a*S (`encode_strides`). Eager
+calls find a cached plan by layout and launch through fast_launch where it works, else
+through `rotary_kernel[grid]`; calls traced by torch.compile through wrap_triton.
 """
 
 import functools

@@ -4,15 +4,10 @@ Ops (named through add_op_namespace_prefix, so that several builds load in one p
     rotary_fwd(q, k, table, sin?, interleaved) -> (q_embed, k_embed)
     rotary_bwd(gq, gk, q?, k?, table, sin?, need_q, need_k, interleaved) -> (dq, dk, dtable, dsin)
     rope_bwd_out(..., interleaved)   the backward of rope_fwd written into the caller's buffers
-`table` holds the angles when `sin` is None, else cos. Outputs not asked for come back empty.
-rotary_fwd and rotary_bwd are triton_ops: torch.compile traces into them and inductor
-launches the kernel from its generated code; their fake implementation is that trace.
-
-Dispatch: CUDA tensors run the Triton kernel; CPU tensors run rotary_torch, or the kernel in
-Triton's interpreter under TRITON_INTERPRET=1 (eager calls); float64 runs rotary_torch.
-Eager calls reach the implementations through EagerRotary, without a dispatcher round trip
-(host time per call is what a training step at a few thousand tokens waits on); traced
-calls through the ops; torch.func transforms and higher derivatives through derivatives.py.
+`table` holds the angles when `sin` is None, else cos; outputs not asked for come back empty.
+The first two are triton_ops, which torch.compile traces into. Eager calls take EagerRotary,
+without a dispatcher round trip (host time); torch.func transforms and higher derivatives
+take derivatives.py's Functions. CUDA tensors run the kernel, CPU and float64 rotary_torch.
 """
 
 import functools
