@@ -277,16 +277,17 @@ def apply_rotary_pos_emb_vision(
     return rotary(q, k, cos, sin, interleaved)
 
 
-def rotary_call(fn, q, k, cos, sin, *, interleaved=False, promotes=False, heads_axis=-2):
-    """A transformers rotary call, checked, through the kernel: q, k [..., S, H, D] with the heads
-    at `heads_axis` (-3: [B, H, S, D]), cos and sin [S, R] (shared by a batch) or [B, S, R].
+def rotary_call(fn, q, k, cos, sin, *, interleaved=False, promotes=False, heads_axis=None):
+    """A transformers rotary call, checked, through the kernel. The vision form (heads_axis None):
+    q, k [S, H, D] or [B, S, H, D], cos and sin [S, R], shared by the batch. The decoder form:
+    q, k [B, H, S, D] (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B, S, R] or [1, S, R].
     promotes: outputs in the promotion of each input's dtype with cos's and sin's, as a
     function computing in its inputs' dtypes returns them; else in the inputs' dtypes.
     fn names the function in errors."""
     if heads_axis == -3:
         q, k = (x.transpose(-3, -2) if isinstance(x, Tensor) and x.dim() == 4 else x for x in (q, k))
     batched = isinstance(q, Tensor) and q.dim() == 4
-    if batched and isinstance(cos, Tensor) and isinstance(sin, Tensor) and cos.dim() == sin.dim() == 2:
+    if heads_axis is None and batched and all(isinstance(t, Tensor) and t.dim() == 2 for t in (cos, sin)):
         cos, sin = cos[None], sin[None]
     tables = isinstance(cos, Tensor) and isinstance(sin, Tensor)
     if tables and sin.dtype != cos.dtype:
