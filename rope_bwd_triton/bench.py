@@ -1,4 +1,4 @@
-"""`python -m rope_bwd_triton bench --preset suite|realcall|copybound`: verify, then time.
+"""`python -m rope_bwd_triton bench --preset suite|realcall|decoder|copybound`: verify, then time.
 
 Presets (each a set of defaults; an option given on the command line wins):
     suite      ours and the peers against the byte floor, per task, on the 16 public
@@ -6,6 +6,8 @@ Presets (each a set of defaults; an option given on the command line wins):
                preset with --set suite --tasks bwd --peers "" (scripts/demo.sh)
     realcall   the call a training step makes: q/k views of one qkv, the attention's
                gradient layouts, against a copy of its bytes and the peers (realcall.py)
+    decoder    the same for the decoders' apply_rotary_pos_emb: q/k views of the q and k
+               projections of Llama-3-8B and Qwen3-Omni's Thinker, batches 1 and 4 (realcall.py)
     copybound  the suite's calls against the best plain Triton copy of each task's bytes
                (copybound.py)
 
@@ -27,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import REPO_ROOT, cli, copybound, measure, realcall, suite
+from . import REPO_ROOT, cli, copybound, measure, models, realcall, suite
 
 PRESETS = {
     "suite": dict(set="all", heads=16, head_dims=[128], calls=40, rounds=6, timer="span", tasks=list(measure.TASKS),
@@ -35,14 +37,20 @@ PRESETS = {
     "realcall": dict(seq_lens=list(realcall.SEQ_LENS), heads=16, head_dims=list(realcall.HEAD_DIMS), calls=40, rounds=6,
                      timer="span", dtypes=["bfloat16"], layouts=list(realcall.LAYOUTS), peers=list(realcall.PEERS),
                      variants=["halves"], verify_tokens=2048),
+    "decoder": dict(seq_lens=list(realcall.DECODER_SEQ_LENS), models=list(models.DECODER_NAMES),
+                    batches=list(realcall.BATCHES), calls=40, rounds=6, timer="span", dtypes=["bfloat16"],
+                    layouts=["sdpa"], peers=list(realcall.PEERS), verify_tokens=2048),
 }  # fmt: skip
 PRESETS["copybound"] = dict(PRESETS["suite"], set="suite", peers=["copy"], calls=20)
 QUICK = dict(seq_lens=[8, 33], heads=2, head_dims=[16], calls=3, copy_mib=16)
 QUICK_COPYBOUND = dict(QUICK, seq_lens=[8], calls=2, copy_mib=1)  # Triton's interpreter is slow
+QUICK_DECODER = dict(seq_lens=[8, 33], batches=[1, 2], calls=3)  # the models' real heads
 CPU_COPY_MIB = 16  # the copy bandwidth means nothing on the CPU: a small buffer will do
 SUITE_ENGINE = ("suite", "copybound")
-ONLY = {"set": SUITE_ENGINE, "tasks": SUITE_ENGINE, "copy_mib": SUITE_ENGINE, "dtypes": ("realcall",),
-        "layouts": ("realcall",), "variants": ("realcall",)}  # fmt: skip
+REAL_CALLS = ("realcall", "decoder")  # realcall.py measures both
+ONLY = {"set": SUITE_ENGINE, "tasks": SUITE_ENGINE, "copy_mib": SUITE_ENGINE, "dtypes": REAL_CALLS,
+        "layouts": REAL_CALLS, "variants": ("realcall",), "heads": ("suite", "realcall", "copybound"),
+        "head_dims": ("suite", "realcall", "copybound"), "models": ("decoder",), "batches": ("decoder",)}  # fmt: skip
 
 
 def add_arguments(parser):
@@ -57,13 +65,18 @@ def add_arguments(parser):
     )
     parser.add_argument("--head-dims", type=cli.head_dim, nargs="+")
     parser.add_argument("--heads", type=cli.positive_int, help="heads of q and of k (default 16)")
-    parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), help="realcall (default bfloat16)")
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=("bfloat16", "float16"), help="realcall, decoder (default bfloat16)"
+    )
     parser.add_argument(
         "--layouts",
         nargs="+",
         choices=realcall.LAYOUTS,
-        help="realcall: the upstream gradient, sdpa's [1, H, S, D] transposed or flash-attention's [S, H, D]",
+        help="realcall, decoder: the upstream gradient, sdpa's [B, H, S, D] (realcall: seen as [S, H, D]) or "
+        "flash-attention's [B, S, H, D] (decoder default: sdpa)",
     )
+    parser.add_argument("--models", nargs="+", choices=models.DECODER_NAMES, help="decoder: whose heads (default: all)")
+    parser.add_argument("--batches", type=cli.positive_int, nargs="+", help="decoder: batch sizes (default 1 4)")
     parser.add_argument(
         "--variants",
         nargs="+",
@@ -75,7 +88,7 @@ def add_arguments(parser):
     parser.add_argument(
         "--peers",
         type=cli.subset_of(peers, "peers"),
-        help=f"comma-separated; suite: {','.join(measure.PEERS)}; realcall: {','.join(realcall.PEERS)}",
+        help=f"comma-separated; suite: {','.join(measure.PEERS)}; realcall, decoder: {','.join(realcall.PEERS)}",
     )
     parser.add_argument("--ab", type=Path, nargs="+", help="also time other builds of ours: checkouts with build/")
     parser.add_argument("--calls", type=cli.positive_int, help="timed calls per workload (default 40)")
@@ -114,7 +127,7 @@ def resolve(args):
         if getattr(args, name) is not None and args.preset not in owners:
             flag = "--" + name.replace("_", "-")
             raise cli.UsageError(f"{flag} is an option of --preset {' and '.join(owners)}, not of {args.preset}")
-    wrong = sorted(set(args.peers or ()) - set(realcall.PEERS if args.preset == "realcall" else measure.PEERS))
+    wrong = sorted(set(args.peers or ()) - set(realcall.PEERS if args.preset in REAL_CALLS else measure.PEERS))
     if wrong:
         raise cli.UsageError(f"--peers: {','.join(wrong)} is not a peer of --preset {args.preset}")
     missing = [str(p) for p in args.ab or () if not (p / "build").is_dir()]
@@ -130,7 +143,7 @@ def resolve(args):
             raise cli.UsageError(
                 "copybound times Triton kernels: it needs a CUDA GPU (or --quick with TRITON_INTERPRET=1)"
             )
-    quick = (QUICK_COPYBOUND if args.preset == "copybound" else QUICK) if args.quick else {}
+    quick = {"copybound": QUICK_COPYBOUND, "decoder": QUICK_DECODER}.get(args.preset, QUICK) if args.quick else {}
     defaults = {**PRESETS[args.preset], **quick}
     if args.device == "cpu" and not args.quick:
         defaults["copy_mib"] = CPU_COPY_MIB
@@ -168,7 +181,7 @@ def run(args) -> dict:
     kernel = load_kernel()
     others = [load_other(path) for path in args.ab or ()]
     print(header(kernel, args.device), flush=True)
-    if args.preset == "realcall":
+    if args.preset in REAL_CALLS:
         return realcall.measure(args, kernel, others)
     after = copybound.triton_copies if args.preset == "copybound" else None
     result = measure.measure(args, kernel, others, after_workload=after)
@@ -188,7 +201,7 @@ def main(args) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(runs[0], indent=1) + "\n")
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    if args.preset == "realcall":
+    if args.preset in REAL_CALLS:
         plotted = realcall.render_plot(runs, args.plot)
         text = table = realcall.render_markdown(runs)
         failed = suite.failures(runs, realcall.workload_name)

@@ -20,6 +20,11 @@ With --profile, one more step per variant runs under torch.profiler: operator ta
 chrome trace and a kernel summary (time, launches, rotary kernels) per variant.
 
 The encoder comes from models.py; --varres (varres.py) trains on images of varying size.
+
+--decoder trains a decoder instead: a random-init LlamaModel at Llama-3-8B's width (hidden 4096,
+32 query heads and 8 key/value heads of 128, MLP 14336), --layers layers, bf16, sdpa, --batch
+sequences of each --tokens length; the same variants, the rotary being transformers' decoder
+apply_rotary_pos_emb and the kernelized one that of integrations.kernelize_rotary.
 """
 
 import argparse
@@ -28,6 +33,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -35,38 +41,43 @@ from . import REPO_ROOT, cli, varres
 from .build import repo_id
 from .fresh import add_result_argument
 from .models import (
+    LLAMA3_8B,
     OMNI,
+    QUICK_DECODER,
     QUICK_OMNI,
     REAL_OMNI,
     TRAINED,
     identity_rotary,
     make_config,
+    make_decoder,
     make_images,
+    make_tokens,
     make_vision_model,
     modeling_module,
+    plain_function,
     square_grid,
     step,
     sync,
 )
 
 
-def timed_step(model, pixels, grid_thw):
+def timed_step(model, *inputs):
     """One training step from an idle device: (step ms, enqueue ms, wall ms).
     step: CUDA events around it (on CPU, the wall time); enqueue: host time until
     backward() returns, before the final synchronize (it includes the syncs inside the
     step: transformers' sdpa vision attention calls .tolist() in every layer);
     wall: host time until the device is done. enqueue close to step means host-bound."""
-    cuda = pixels.is_cuda
+    cuda = inputs[0].is_cuda
     model.zero_grad(set_to_none=True)
     if cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     t0 = time.perf_counter()
-    step(model, pixels, grid_thw)[1].backward()
+    step(model, *inputs)[1].backward()
     t1 = time.perf_counter()
     if cuda:
         end.record()
-    sync(pixels.device)
+    sync(inputs[0].device)
     t2 = time.perf_counter()
     wall = (t2 - t0) * 1e3
     return (start.elapsed_time(end) if cuda else wall), (t1 - t0) * 1e3, wall
@@ -133,17 +144,17 @@ def profile_summary(events, cuda):
     }
 
 
-def profile_step(model, pixels, grid_thw, path_stem: Path):
+def profile_step(model, inputs, path_stem: Path):
     """One step under torch.profiler: writes <stem>.txt (operator table) and
     <stem>.json.gz (chrome trace); returns profile_summary."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = pixels.is_cuda
+    cuda = inputs[0].is_cuda
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         model.zero_grad(set_to_none=True)
-        step(model, pixels, grid_thw)[1].backward()
-        sync(pixels.device)
+        step(model, *inputs)[1].backward()
+        sync(inputs[0].device)
     sort_by = "device_time_total" if cuda else "cpu_time_total"
     path_stem.with_suffix(".txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=25) + "\n")
     prof.export_chrome_trace(str(path_stem) + ".json.gz")
@@ -159,7 +170,51 @@ def _compiled_frames() -> int:
     return counters["frames"]["total"]
 
 
-def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_round, profile_dir=None, compile=False):
+class Target(NamedTuple):
+    """What a run trains: the modeling module whose rotary global (`name`) each variant sets, the
+    eager model, its inputs for n tokens, and kernelize(model, mode) -> the kernelized model;
+    stand_in: kernelize leaves transformers' rotary (the package has no kernelize_rotary yet)."""
+
+    modeling: object
+    name: str
+    eager: torch.nn.Module
+    inputs: object
+    kernelize: object
+    stand_in: bool = False
+
+
+def vision_target(rope, *, dtype, device, model_config, repo_id) -> Target:
+    """Qwen3-Omni's vision encoder, one square image of n tokens."""
+    eager = make_vision_model(OMNI, dtype=dtype, device=device, **model_config)
+
+    def kernelize(model, mode):
+        return rope.integrations.kernelize_vision_rotary(model, mode=mode, device=device.type, repo_id=repo_id)
+
+    def inputs(n):
+        return make_images(eager, [square_grid(n, eager.config.spatial_merge_size)])
+
+    return Target(modeling_module(OMNI), "apply_rotary_pos_emb_vision", eager, inputs, kernelize)
+
+
+def decoder_target(rope, *, dtype, device, model_config, repo_id, batch, layers) -> Target:
+    """A LlamaModel of `layers` layers, `batch` random sequences of n tokens."""
+    eager = make_decoder(dtype=dtype, device=device, layers=layers, **model_config)
+    # STAND-IN until the package has kernelize_rotary: the model as it is (transformers' rotary),
+    # recorded as such; the kernelized variant is then eager again.
+    kernelize_rotary = getattr(rope.integrations, "kernelize_rotary", None)
+
+    def kernelize(model, mode):
+        if kernelize_rotary is None:
+            return model
+        return kernelize_rotary(model, mode=mode, device=device.type, repo_id=repo_id)
+
+    def inputs(n):
+        return make_tokens(eager, batch, n)
+
+    return Target(modeling_module("llama"), "apply_rotary_pos_emb", eager, inputs, kernelize, kernelize_rotary is None)
+
+
+def run(target: Target, rope, *, tokens, warmup, rounds, per_round, profile_dir=None, compile=False):
     """({tokens: {variant: {"steps": [(step, enqueue, wall) ms, ...], "profile": summary}}},
     {tokens: {"warm-up": frames, "timed": frames}} compiled by dynamo when compile else {})
     ("profile" only with profile_dir); transformers' rotary is restored afterwards.
@@ -167,17 +222,16 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
     (nn.Module.compile); its warm-up steps compile each variant."""
     import kernels
 
-    rope = kernels.get_kernel(repo_id, version=1, trust_remote_code=True)
-    modeling = modeling_module(OMNI)
-    original = modeling.apply_rotary_pos_emb_vision
-    eager = make_vision_model(OMNI, dtype=dtype, device=device, **model_config)
+    modeling, eager = target.modeling, target.eager
+    shipped = getattr(modeling, target.name)
+    # The plain function: kernelize may swap the forward of transformers' own layer in place.
+    original = plain_function(shipped)
     mode = kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE if compile else kernels.Mode.TRAINING
-    kernelized = rope.integrations.kernelize_vision_rotary(
-        copy.deepcopy(eager), mode=mode, device=device.type, repo_id=repo_id
-    )
-    layer = modeling.apply_rotary_pos_emb_vision
+    kernelized = target.kernelize(copy.deepcopy(eager), mode)
+    layer = getattr(modeling, target.name)
     try:
-        if layer.forward.__func__ is not rope.layers.ApplyRotaryPosEmbVision.forward:
+        forward = getattr(getattr(layer, "forward", None), "__func__", None)
+        if not target.stand_in and getattr(forward, "__module__", None) != rope.layers.__name__:
             raise RuntimeError("kernelize kept transformers' rotary: no kernel would be timed")
         if compile:
             # dynamo guards on the rotary global, so each variant gets its own graphs (made in
@@ -193,11 +247,11 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
         rotaries = {"eager": original, "kernelized": layer, "identity": identity_rotary}
 
         def install(name):
-            modeling.apply_rotary_pos_emb_vision = rotaries[name]
+            setattr(modeling, target.name, rotaries[name])
 
         results, frames = {}, {}
         for n in tokens:
-            inputs = make_images(eager, [square_grid(n, eager.config.spatial_merge_size)])
+            inputs = target.inputs(n)
             start = _compiled_frames()
             warm = []
             steps = time_variants(
@@ -216,11 +270,12 @@ def run(*, tokens, repo_id, device, dtype, model_config, warmup, rounds, per_rou
                 for name in models:
                     install(name)
                     results[n][name]["profile"] = profile_step(
-                        models[name], *inputs, profile_dir / f"profile-{n}-{name}"
+                        models[name], inputs, profile_dir / f"profile-{n}-{name}"
                     )
         return results, frames
     finally:
         rope.integrations.restore_transformers()
+        setattr(modeling, target.name, shipped)
 
 
 def summarize(results, rounds):
@@ -282,8 +337,11 @@ def markdown(report, meta) -> str:
                 f"{r['eager'] / r['kernelized']:.3f}x",
             ]
         )
+    what = meta.get("target", "Qwen3-Omni vision encoder")  # e2e.json files from before --decoder name none
+    if meta.get("stand_in"):
+        what += " (kernelized: STAND-IN, transformers' rotary: the package has no kernelize_rotary yet)"
     lines = [
-        f"Qwen3-Omni vision encoder training step (fwd+bwd){compiled}, {where}, {meta['dtype']}, "
+        f"{what} training step (fwd+bwd){compiled}, {where}, {meta['dtype']}, "
         f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
         f"{meta['rounds']} interleaved rounds of {meta['steps_per_round']} after {meta['warmup']} warm-up "
         f"(torch {versions['torch']}, triton {versions['triton']}, transformers {versions['transformers']}).",
@@ -337,8 +395,13 @@ def markdown(report, meta) -> str:
     lines += [
         "",
         "Per variant: host enqueue = time until backward() returns, before the final synchronize "
-        "(it includes the syncs inside the step: the sdpa vision attention calls .tolist() in every "
-        "layer; close to the step time means host-bound), host wall = until the device is done; "
+        "(it includes the syncs inside the step"
+        + (
+            ""
+            if "target" in meta and "vision" not in meta["target"]
+            else ": the sdpa vision attention calls .tolist() in every layer"
+        )  # fmt: skip
+        + "; close to the step time means host-bound), host wall = until the device is done; "
         "rounds = the lowest and highest per-round median."
         + (
             " Kernels: one more step under torch.profiler"
@@ -359,8 +422,18 @@ def markdown(report, meta) -> str:
 
 def add_arguments(parser):
     parser.add_argument(
-        "--tokens", type=cli.positive_int, nargs="+", default=[4096, 9216], help="tokens per image (square)"
+        "--tokens",
+        type=cli.positive_int,
+        nargs="+",
+        help="tokens per image (square; default 4096 9216), with --decoder per sequence (default 2048 8192)",
     )
+    parser.add_argument(
+        "--decoder",
+        action="store_true",
+        help="train a decoder (LlamaModel at Llama-3-8B's width, --layers layers, --batch sequences) instead",
+    )
+    parser.add_argument("--layers", type=cli.positive_int, default=2, help="decoder layers for --decoder")
+    parser.add_argument("--batch", type=cli.positive_int, default=1, help="sequences per step for --decoder")
     parser.add_argument(
         "--repo-id", type=cli.repo_id, default=None, help="the kernel to load (default: build.toml's repo-id)"
     )
@@ -388,7 +461,12 @@ def add_arguments(parser):
         help="torch.compile every variant (kernelize with Mode.TORCH_COMPILE too); "
         "the warm-up steps compile, so give at least one",
     )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for e2e.json and e2e.md")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO_ROOT / "results",
+        help="folder for e2e.json and e2e.md (--decoder: e2e-decoder.*)",
+    )
     parser.add_argument(
         "--from-json", type=cli.existing_file, metavar="E2E_JSON", help="print the tables of a saved e2e.json (no run)"
     )
@@ -449,32 +527,42 @@ def main(args) -> int:
         saved = json.loads(args.from_json.read_text())
         print(markdown({k: v for k, v in saved.items() if k != "meta"}, saved["meta"]))
         return 0
+    import kernels
+
     from .output import run_meta
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
+    real, quick = (LLAMA3_8B, QUICK_DECODER) if args.decoder else (REAL_OMNI, QUICK_OMNI)
     if args.quick:
-        config, tokens, warmup, iters, rounds = QUICK_OMNI, [64], 1, 4, 2
+        config, tokens, warmup, iters, rounds = quick, [64], 1, 4, 2
     else:
-        config, tokens, warmup, iters, rounds = REAL_OMNI, args.tokens, args.warmup, args.iters, args.rounds
+        tokens = args.tokens or ([2048, 8192] if args.decoder else [4096, 9216])
+        config, warmup, iters, rounds = real, args.warmup, args.iters, args.rounds
     if iters % rounds:
         raise cli.UsageError(f"--iters ({iters}) must be a multiple of --rounds ({rounds})")
     if args.compile and warmup < 1:
         raise cli.UsageError("--compile needs at least one warm-up step: it compiles each variant")
-    merge = make_config(OMNI, **config).spatial_merge_size
-    for n in tokens:
+    merge = None if args.decoder else make_config(OMNI, **config).spatial_merge_size
+    for n in tokens if merge else ():
         try:
             square_grid(n, merge)
         except ValueError as e:
             raise cli.UsageError(f"--tokens: {e}") from None
     args.repo_id = args.repo_id or repo_id()
     args.out.mkdir(parents=True, exist_ok=True)
+    rope = kernels.get_kernel(args.repo_id, version=1, trust_remote_code=True)
+    where = dict(dtype=dtype, device=device, model_config=config, repo_id=args.repo_id)
+    if args.decoder:
+        target = decoder_target(rope, **where, batch=args.batch, layers=args.layers)
+        what = f"Llama decoder ({args.layers} layers, batch {args.batch})"
+        described = f", {args.layers} layers, sdpa attention, batch {args.batch}"
+    else:
+        target, what, described = vision_target(rope, **where), None, ", sdpa attention, one image"
     results, frames = run(
+        target,
+        rope,
         tokens=tokens,
-        repo_id=args.repo_id,
-        device=device,
-        dtype=dtype,
-        model_config=config,
         warmup=warmup,
         rounds=rounds,
         per_round=iters // rounds,
@@ -488,16 +576,19 @@ def main(args) -> int:
         iters=iters,
         rounds=rounds,
         steps_per_round=iters // rounds,
-        model=", ".join(f"{k} {v}" for k, v in config.items()) + ", sdpa attention, one image",
+        model=", ".join(f"{k} {v}" for k, v in config.items()) + described,
         repo_id=args.repo_id,
         compile=args.compile,
+        target=what or "Qwen3-Omni vision encoder",
+        stand_in=target.stand_in,
     )
     report = summarize(results, rounds)
     if frames:
         report["compiled_frames"] = frames
     md = markdown(report, meta)
     print(md)
-    (args.out / "e2e.json").write_text(json.dumps({"meta": meta, **report}, indent=2) + "\n")
-    (args.out / "e2e.md").write_text(md)
-    print(f"wrote {args.out / 'e2e.json'} and {args.out / 'e2e.md'}")
+    stem = args.out / ("e2e-decoder" if args.decoder else "e2e")
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, **report}, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(md)
+    print(f"wrote {stem}.json and {stem}.md")
     return 0

@@ -15,6 +15,15 @@ torch.compile of it (one compilation per shape), Liger-Kernel's vision rotary, a
 optionally other builds of ours (--ab, for A/B comparisons in one process). The
 reference is a copy of the same bytes in the same number of launches: one device copy
 of the forward's bytes and one of the backward's.
+
+`--preset decoder`: the decoders' call, transformers' `apply_rotary_pos_emb(q, k, cos, sin)`,
+as their attention makes it: q [B, HQ, S, D] and k [B, HK, S, D] views of the q and k
+projections (`[B, S, H*D] -> view(B, S, H, D).transpose(1, 2)`), cos/sin [B, S, D] in q's
+dtype (transformers' rotary embedding casts them to x.dtype), the upstream gradient as sdpa
+returns it (contiguous [B, H, S, D]; flash: [B, S, H, D] transposed). Shapes: Llama-3-8B's and
+Qwen3-Omni's Thinker's heads (models.decoder_shapes). Peers: transformers' function (the plain
+one under its hub decorator), torch.compile of it, Liger-Kernel's liger_rotary_pos_emb (which
+rotates its inputs in place: it gets copies of its own). Verified on token rows (b, s).
 """
 
 import statistics
@@ -28,6 +37,8 @@ SEQ_LENS = (256, 1024, 4096, 16384, 65536)
 HEAD_DIMS = (72, 80, 128)
 PEERS = ("copy", "compile", "liger", "transformers")
 VARIANTS = ("halves", "interleaved", "partial", "bf16-tables")
+DECODER_SEQ_LENS = (2048, 8192, 32768)
+BATCHES = (1, 4)
 
 
 def make_inputs(S, H, D, dtype, layout, device, generator, variant="halves"):
@@ -51,17 +62,54 @@ def make_inputs(S, H, D, dtype, layout, device, generator, variant="halves"):
     return {"q": q.requires_grad_(), "k": k.requires_grad_(), "cos": cos, "sin": sin, "gq": gq, "gk": gk}
 
 
+def make_decoder_inputs(B, S, HQ, HK, D, dtype, layout, device, generator):
+    """The decoders' call: q [B, HQ, S, D], k [B, HK, S, D] (leaf views of the projections
+    [B, S, H*D]), cos, sin [B, S, D] in `dtype` (of cat(freqs, freqs)), the upstream gradients
+    gq, gk [B, H, S, D] in `layout` (sdpa: contiguous; flash: [B, S, H, D] transposed)."""
+    import torch
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dt)
+
+    def heads(H, grad=False):
+        if grad and layout == "sdpa":
+            return rnd(B, H, S, D)
+        return rnd(B, S, H * D).view(B, S, H, D).transpose(1, 2)
+
+    freqs = rnd(B, S, D // 2, dt=torch.float32)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    q, k = heads(HQ).requires_grad_(), heads(HK).requires_grad_()
+    return {"q": q, "k": k, "cos": emb.cos().to(dtype), "sin": emb.sin().to(dtype), "gq": heads(HQ, True),
+            "gk": heads(HK, True)}  # fmt: skip
+
+
+def private_copy(x):
+    """The inputs again, in buffers of their own with the same strides: for an implementation that
+    writes into its inputs (Liger-Kernel rotates q, k and the gradient in place where their
+    storage is [B, S, H, D])."""
+    import torch
+
+    def copy(t):
+        out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t.detach())
+        return out.requires_grad_(t.requires_grad)
+
+    return {name: copy(t) for name, t in x.items()}
+
+
 def rotated(D, variant):
     """The rotated channels: all but 2 of each head for partial rotary (minimax_m3_vl: 78 of 80)."""
     return D - 2 if variant == "partial" else D
 
 
-def floor_bytes(S, H, D, elem, variant="halves"):
-    """Bytes the call must move: forward reads q, k, cos, sin and writes q_embed, k_embed;
-    backward reads gq, gk, cos, sin and writes dq, dk."""
-    table_elem = 2 if variant == "bf16-tables" else 4
-    heads, tables = 2 * S * H * D * elem, 2 * S * rotated(D, variant) * table_elem
-    return {"fwd": 2 * heads + tables, "bwd": 2 * heads + tables}
+def floor_bytes(x):
+    """Bytes the call on inputs `x` must move: forward reads q, k, cos, sin and writes q_embed,
+    k_embed (each as large as its input: the outputs come in q's dtype, which the decoders'
+    promotion with cos's keeps here); backward reads gq, gk, cos, sin and writes dq, dk."""
+
+    def size(*names):
+        return sum(x[n].numel() * x[n].element_size() for n in names)
+
+    return {"fwd": 2 * size("q", "k") + size("cos", "sin"), "bwd": 2 * size("gq", "gk") + size("cos", "sin")}
 
 
 class FwdBwd:
@@ -100,41 +148,56 @@ class Copies:
         return all(torch.equal(src, dst) for src, dst in self.pairs)
 
 
-def transformers_fn():
-    from .models import modeling_module
+# The call's function in ours and in Liger-Kernel, by whether the call is the decoders'
+OURS = {False: "apply_rotary_pos_emb_vision", True: "apply_rotary_pos_emb"}
+LIGER = {False: "liger_rotary_pos_emb_vision", True: "liger_rotary_pos_emb"}
+# What `ours` is while the loaded package has no decoder function yet (the kernel side is being
+# written): transformers' own, so that the preset runs; its label says so in every result.
+STAND_IN = "ours (STAND-IN: transformers' eager apply_rotary_pos_emb, the package has none)"
 
-    return modeling_module().apply_rotary_pos_emb_vision
+
+def transformers_fn(decoder=False):
+    from .models import decoder_rotary, modeling_module
+
+    return decoder_rotary() if decoder else modeling_module().apply_rotary_pos_emb_vision
 
 
-def implementations(kernel, others, peers, variant="halves"):
+def implementations(kernel, others, peers, variant="halves", decoder=False):
     """name -> (label, fn(q, k, cos, sin) -> (q_embed, k_embed)) of the implementations to time;
-    `others`: other builds of ours (A/B), named ab, ab2, ... The peers serve the halves alone."""
+    `others`: other builds of ours (A/B), named ab, ab2, ... The peers serve the halves alone;
+    decoder: the decoders' call (halves)."""
     import functools
 
     def ours(k):
-        fn = k.apply_rotary_pos_emb_vision
+        fn = getattr(k, OURS[decoder])
         return functools.partial(fn, interleaved=True) if variant == "interleaved" else fn
 
-    impls = {"ours": ("ours", ours(kernel))}
+    if hasattr(kernel, OURS[decoder]):
+        impls = {"ours": ("ours", ours(kernel))}
+    else:
+        impls = {"ours": (STAND_IN, transformers_fn(decoder))}
     for i, other in enumerate(others):
-        # builds from before the interleaved and partial forms serve the others alone
-        if variant in ("halves", "bf16-tables") or supports_variants(other):
+        # builds from before the interleaved and partial forms serve the others alone, and
+        # builds from before the decoders' function the vision call alone
+        if hasattr(other, OURS[decoder]) and (variant in ("halves", "bf16-tables") or supports_variants(other)):
             impls[ab_name(i)] = (f"A/B: {other.__name__}", ours(other))
     if variant not in ("halves", "bf16-tables"):
         return impls
     if "compile" in peers:
         from .peers import compiled
 
-        impls["compile"] = ("torch.compile(transformers)", compiled(transformers_fn()))
+        impls["compile"] = ("torch.compile(transformers)", compiled(transformers_fn(decoder)))
     if "liger" in peers:
         try:
-            from liger_kernel.transformers.rope import liger_rotary_pos_emb_vision
+            from liger_kernel.transformers import rope as liger
         except ImportError:
-            liger_rotary_pos_emb_vision = None
-        if liger_rotary_pos_emb_vision is not None:
-            impls["liger"] = ("Liger-Kernel", liger_rotary_pos_emb_vision)
+            liger = None
+        if liger is not None:
+            impls["liger"] = ("Liger-Kernel", getattr(liger, LIGER[decoder]))
+        else:
+            print("realcall: liger-kernel is not installed, so Liger-Kernel is not timed", file=sys.stderr)
     if "transformers" in peers:
-        impls["transformers"] = ("transformers (eager)", transformers_fn())
+        impls["transformers"] = ("transformers (eager)", transformers_fn(decoder))
     return impls
 
 
@@ -145,15 +208,46 @@ def supports_variants(build) -> bool:
     return "interleaved" in inspect.signature(build.apply_rotary_pos_emb_vision).parameters
 
 
-def reference(x, rows, interleaved=False):
-    """(q_embed, k_embed, dq, dk) on token rows by float64 autograd of the math."""
+def pick_rows(t, rows, S=None):
+    """The token `rows` of t: rows of [S, ...]; with S (a decoder's sequence length), row b*S + s of
+    [B, H, S, D] (t[b, :, s]: [rows, H, D]) or of a table [B, S, R] or [1, S, R]."""
+    rows = rows.to(t.device)
+    if S is None:
+        return t[rows]
+    b, s = rows // S, rows % S
+    return t[b, :, s] if t.dim() == 4 else t[b % t.shape[0], s]
+
+
+def reference(x, rows, interleaved=False, S=None):
+    """(q_embed, k_embed, dq, dk) on token rows (pick_rows) by float64 autograd of the math."""
     import torch
 
-    pick = rows.to(x["q"].device)
-    leaves = [x[n].detach()[pick].cpu().double().requires_grad_() for n in ("q", "k")]
-    tables = [x[n][pick].cpu().double() for n in ("cos", "sin")]
-    outs = suite.reference_vision_forward(*leaves, *tables, interleaved)
-    return (*outs, *torch.autograd.grad(outs, leaves, [x[n][pick].cpu().double() for n in ("gq", "gk")]))
+    picked = {n: pick_rows(t.detach(), rows, S).cpu().double() for n, t in x.items()}
+    leaves = [picked[n].requires_grad_() for n in ("q", "k")]
+    outs = suite.reference_vision_forward(*leaves, picked["cos"], picked["sin"], interleaved)
+    return (*outs, *torch.autograd.grad(outs, leaves, [picked["gq"], picked["gk"]]))
+
+
+def workloads(args):
+    """(variant, dtype, (model, HQ, HK, D), layout, B, S) of the run; model and B are None for the
+    vision call ([S, H, D] tensors, HQ = HK = --heads)."""
+    if args.preset == "decoder":
+        from .models import decoder_shapes
+
+        shapes = [(name, *decoder_shapes()[name]) for name in args.models]
+        batches = args.batches
+    else:
+        shapes = [(None, args.heads, args.heads, D) for D in args.head_dims]
+        batches = [None]
+    return [
+        (v, dt, shape, lay, B, S)
+        for v in args.variants or ["halves"]
+        for dt in args.dtypes
+        for shape in shapes
+        for lay in args.layouts
+        for B in batches
+        for S in args.seq_lens
+    ]
 
 
 def measure(args, kernel, others=()) -> dict:
@@ -167,53 +261,48 @@ def measure(args, kernel, others=()) -> dict:
 
     device = torch.device(args.device)
     timer = ColdL2Timer(device, calls=args.calls, primary=args.timer)
+    decoder = args.preset == "decoder"
     variants = args.variants or ["halves"]
-    impls = {v: implementations(kernel, others, set(args.peers), v) for v in variants}
-    workloads = [
-        (v, dt, D, lay, S)
-        for v in variants
-        for dt in args.dtypes
-        for D in args.head_dims
-        for lay in args.layouts
-        for S in args.seq_lens
-    ]
-    meta = run_meta(
-        device, kernel=kernel, timer=timer, heads=args.heads, rounds=args.rounds, ab=[str(p) for p in args.ab or ()]
-    )
+    impls = {v: implementations(kernel, others, set(args.peers), v, decoder) for v in variants}
+    todo = workloads(args)
+    shape = dict(models=args.models, batches=args.batches) if decoder else dict(heads=args.heads)
+    meta = run_meta(device, kernel=kernel, timer=timer, rounds=args.rounds, ab=[str(p) for p in args.ab or ()], **shape)
     rows_out = []
-    n_runs = sum(len(impls[w[0]]) + ("copy" in args.peers) for w in workloads)
-    with tqdm(total=n_runs, desc="realcall", unit="run", file=sys.stderr) as bar:
-        for variant, dtype_name, D, layout, S in workloads:
+    n_runs = sum(len(impls[w[0]]) + ("copy" in args.peers) for w in todo)
+    with tqdm(total=n_runs, desc=args.preset, unit="run", file=sys.stderr) as bar:
+        for variant, dtype_name, (model, H, HK, D), layout, B, S in todo:
             dtype = getattr(torch, dtype_name)
-            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + S * 1009 + D)
-            x = make_inputs(S, args.heads, D, dtype, layout, device, gen, variant)
-            rows = suite.verify_rows(S, args.verify_tokens, args.seed + S)
-            refs = reference(x, rows, variant == "interleaved")
-            nbytes = floor_bytes(S, args.heads, D, dtype.itemsize, variant)
-            entry = {
-                "variant": variant,
-                "dtype": dtype_name,
-                "D": D,
-                "layout": layout,
-                "S": S,
-                "H": args.heads,
-                "bytes": sum(nbytes.values()),
-                "results": {},
+            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + S * 1009 + D + 31 * (B or 0))
+            if decoder:
+                x = make_decoder_inputs(B, S, H, HK, D, dtype, layout, device, gen)
+            else:
+                x = make_inputs(S, H, D, dtype, layout, device, gen, variant)
+            rows = suite.verify_rows(S * (B or 1), args.verify_tokens, args.seed + S)
+            refs = reference(x, rows, variant == "interleaved", S if decoder else None)
+            nbytes = floor_bytes(x)
+            entry = {"variant": variant, "dtype": dtype_name, "D": D, "layout": layout, "S": S, "H": H}
+            if decoder:
+                entry.update(model=model, HK=HK, B=B)
+            entry.update(bytes=sum(nbytes.values()), results={})
+            calls = {
+                name: FwdBwd(fn, private_copy(x) if name == "liger" else x) for name, (_, fn) in impls[variant].items()
             }
-            calls = {name: FwdBwd(fn, x) for name, (_, fn) in impls[variant].items()}
             if "copy" in args.peers:
                 calls["copy"] = Copies(nbytes, device)
             checks, outcome = {}, {}  # outcome: the exception a call raised, else its Stats
+            every_row = torch.arange(len(rows))
             for name, call in calls.items():
-                bar.set_postfix_str(f"{variant} {dtype_name} D={D} {layout} S={S} {name}")
+                bar.set_postfix_str(f"{workload_name(entry)} {name}")
                 try:
                     call()
-                    checks[name] = (
-                        {"ok": call.ok()} if name == "copy" else suite.judge(call.last, refs, dtype_name, rows)
-                    )
+                    if name == "copy":
+                        checks[name] = {"ok": call.ok()}
+                    else:
+                        picked = [pick_rows(t, rows, S if decoder else None) for t in call.last]
+                        checks[name] = suite.judge(picked, refs, dtype_name, every_row)
                 except Exception as exc:  # a failing peer must not cost the whole run
                     outcome[name] = exc
-            bar.set_postfix_str(f"{variant} {dtype_name} D={D} {layout} S={S} timing")
+            bar.set_postfix_str(f"{workload_name(entry)} timing")
             # ours, the A/B builds and the peers in turns
             outcome |= timer.in_rounds({n: c for n, c in calls.items() if n in checks}, args.rounds)
             for name in calls:
@@ -244,25 +333,49 @@ def render_markdown(runs) -> str:
     return "\n".join(_markdown(run) for run in runs)
 
 
+def _ratio(name) -> str:
+    """The ratio column of `name`: ours over the references (the copy, other builds of ours), each
+    peer over ours."""
+    return f"ours / {name}" if name == "copy" or name.startswith("ab") else f"{name} / ours"
+
+
+def _keys(w) -> tuple:
+    """(header, row) of the columns that name workload w."""
+    if "model" in w:
+        return ["model", "heads", "B", "dtype", "grad layout", "S"], [
+            w["model"], f"{w['H']}/{w['HK']} x {w['D']}", w["B"], w["dtype"], w["layout"], w["S"]
+        ]  # fmt: skip
+    return ["variant", "dtype", "D", "grad layout", "S"], [w.get("variant", "halves"), w["dtype"], w["D"], w["layout"],
+                                                          w["S"]]  # fmt: skip
+
+
 def _markdown(run) -> str:
     meta, labels = run["meta"], run["labels"]
     names = [n for n in labels if n != "ours"]
-    header = ["variant", "dtype", "D", "grad layout", "S", "ours us"]
+    header = _keys(run["workloads"][0])[0] + ["ours us"] if run["workloads"] else []
     for n in names:
-        header += [f"{labels[n]} us", f"ours / {n}"]
+        header += [f"{labels[n]} us", _ratio(n)]
     rows = []
     for w in run["workloads"]:
         ours = _us(w, "ours")
-        row = [w.get("variant", "halves"), w["dtype"], w["D"], w["layout"], w["S"], f"{ours:.1f}" if ours else "—"]
+        row = _keys(w)[1] + [f"{ours:.1f}" if ours else "—"]
         for n in names:
             t = _us(w, n)
-            row += [f"{t:.1f}" if t else "—", f"{ours / t:.3f}" if t and ours else "—"]
+            ratio = (ours / t if _ratio(n).startswith("ours") else t / ours) if t and ours else None
+            row += [f"{t:.1f}" if t else "—", f"{ratio:.3f}" if ratio else "—"]
         rows.append(row)
     fails = suite.failures([run], workload_name, prefixes=("",))  # every implementation
     gpu = meta.get("gpu") or f"{meta['device']} ({meta.get('note', '')})"
+    if "models" in meta:
+        call = ("Decoder call (q/k views of the q and k projections, cos/sin [B, S, D] in q's dtype without "
+                "gradient, forward + backward of q and k)")  # fmt: skip
+    else:
+        call = (f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
+                f"{meta['heads']} heads")  # fmt: skip
+    if labels["ours"] != "ours":
+        call += f"; {labels['ours']}"
     lines = [
-        f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
-        f"{meta['heads']} heads; {gpu}; {meta['timer']}; mean of {meta['calls']} calls{output.in_rounds(meta)}; "
+        f"{call}; {gpu}; {meta['timer']}; mean of {meta['calls']} calls{output.in_rounds(meta)}; "
         f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}; {meta['date']}.  ",
         f"Command: `{meta['command']}`",
         "",
@@ -306,8 +419,10 @@ def render_plot(runs, path) -> bool:
 
 
 def _curve(w):
+    if "model" in w:
+        return (w["model"], f"B={w['B']}", w["dtype"], w["layout"])
     return (w.get("variant", "halves"), w["dtype"], f"D={w['D']}", w["layout"])
 
 
 def workload_name(w) -> str:
-    return f"{w.get('variant', 'halves')} {w['dtype']} D={w['D']} {w['layout']} S={w['S']}"
+    return " ".join(map(str, _curve(w))) + f" S={w['S']}"
