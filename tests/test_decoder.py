@@ -249,3 +249,37 @@ def test_past_2_31_elements_cuda(kernel, gen):
     (ref_dq,) = torch.autograd.grad(llama_rotary(leaf, leaf, cos[:, tail].double(), sin[:, tail].double())[0], leaf,
                                     g[-1:, :, tail].double())  # fmt: skip
     assert reference.rel_err(dq[-1:, :, tail], ref_dq) <= 8e-3
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_func_transforms(kernel, device, gen):
+    """vmap over samples of a batched call with a shared table (the table's per-sample gradient
+    summed over its sequences), jvp in q and the tables, and double backward, against the same
+    transforms of the float64 reference."""
+    q, k, cos, sin = (t.detach() for t in make_call(2, 5, 4, 2, 16, 16, dtype=torch.float32, device=device, gen=gen,
+                                                    table_batch=1))  # fmt: skip
+    qs = torch.randn(3, *q.shape, generator=gen).to(q)
+
+    def loss(fn, q, cos):
+        return sum((o * o).sum() for o in fn(q, k.to(q.dtype), cos, sin.to(cos.dtype)))
+
+    ours = kernel.apply_rotary_pos_emb
+    grads = torch.func.vmap(torch.func.grad(lambda q, c: loss(ours, q, c), argnums=(0, 1)), in_dims=(0, None))(qs, cos)
+    want = torch.func.vmap(torch.func.grad(lambda q, c: loss(llama_rotary, q, c), argnums=(0, 1)), in_dims=(0, None))(
+        qs.double(), cos.double()
+    )
+    assert grads[1].shape == (3, *cos.shape)
+    assert all(reference.rel_err(g, w) <= 2e-6 for g, w in zip(grads, want))
+    tangents = (torch.randn(q.shape, generator=gen).to(q), torch.randn(cos.shape, generator=gen).to(cos))
+    _, got = torch.func.jvp(lambda q, c: ours(q, k, c, sin)[0], (q, cos), tangents)
+    _, ref = torch.func.jvp(lambda q, c: llama_rotary(q, k.double(), c, sin.double())[0], (q.double(), cos.double()),
+                            tuple(t.double() for t in tangents))  # fmt: skip
+    assert reference.rel_err(got, ref) <= 2e-6
+    leaves = [t.clone().requires_grad_() for t in (q, cos)]
+    (gq,) = torch.autograd.grad(loss(ours, *leaves), leaves[0], create_graph=True)
+    (h,) = torch.autograd.grad(gq.sum(), leaves[1])
+    ref_leaves = [t.double().requires_grad_() for t in (q, cos)]
+    (ref_gq,) = torch.autograd.grad(loss(llama_rotary, *ref_leaves), ref_leaves[0], create_graph=True)
+    (ref_h,) = torch.autograd.grad(ref_gq.sum(), ref_leaves[1])
+    assert reference.rel_err(h, ref_h) <= 2e-6

@@ -130,22 +130,33 @@ def adjoint_vjp(F, B, saved, need_q, need_k, needs, cotangents):
 
 
 def vmap_folded(fn, batch_size, in_dims, tensors, *rest):
-    """vmap of fn(*tensors, *rest) by one call: every tensor argument's first dimension is
-    the token dimension S, and tokens are independent, so sample b becomes token rows
-    b*S .. b*S + S - 1. An argument without the batch dimension is expanded (a table's
-    gradient is then one per sample, as vmap asks). Returns (outputs, out_dims)."""
-
-    def fold(t, dim):
-        if t is None:
-            return None
-        t = t.movedim(dim, 0) if dim is not None else t.expand(batch_size, *t.shape)
-        return t.flatten(0, 1)
-
-    folded = [fold(t, dim) for t, dim in zip(tensors, in_dims)]
-    S = folded[0].shape[0] // batch_size
+    """vmap of fn(*tensors, *rest) by one call: tensors are those of F or B (q-like first, the
+    tables last), and tokens and sequences are independent, so the samples fold into the first
+    dimension: sample b becomes token rows b*S .. b*S + S - 1 of 3-D q [S, H, D], or sequences
+    b*B .. b*B + B - 1 of 4-D q [B, S, H, D], whose tables are expanded to B sequences first. An
+    argument without the vmapped dimension is expanded (a table's gradient is then one per
+    sample, as vmap asks; a table shared by a sample's sequences gets their sum). Returns
+    (outputs, out_dims)."""
+    moved = [
+        None if t is None else t.movedim(dim, 0) if dim is not None else t.expand(batch_size, *t.shape)
+        for t, dim in zip(tensors, in_dims)
+    ]
+    seqs = moved[0].shape[1] if moved[0].dim() == 5 else None  # a sample's sequences (4-D q)
+    tables = moved[-2:]
+    folded = [
+        None if t is None else (t.expand(-1, seqs, *t.shape[2:]) if seqs and i >= len(moved) - 2 else t).flatten(0, 1)
+        for i, t in enumerate(moved)
+    ]
     outs = fn(*folded, *rest)
+
+    def unfold(i, o):
+        o = o.unflatten(0, (batch_size, -1))
+        if seqs and i >= 2 and tables[i - 2].shape[1] == 1:  # the gradient of a shared table
+            o = o.sum(1, keepdim=True)
+        return o
+
     return (
-        tuple(None if o is None else o.unflatten(0, (batch_size, S)) for o in outs),
+        tuple(None if o is None else unfold(i, o) for i, o in enumerate(outs)),
         tuple(None if o is None else 0 for o in outs),
     )
 
