@@ -283,3 +283,29 @@ def test_torch_func_transforms(kernel, device, gen):
     (ref_gq,) = torch.autograd.grad(loss(llama_rotary, *ref_leaves), ref_leaves[0], create_graph=True)
     (ref_h,) = torch.autograd.grad(ref_gq.sum(), ref_leaves[1])
     assert reference.rel_err(h, ref_h) <= 2e-6
+
+
+def test_one_compile_key_for_every_batch_and_length(kernel):
+    """The launch's layout key (what keys a compiled kernel, with the configuration) of the
+    decoders' forward and backward is the same for every batch size above one and every sequence
+    length: the attention views, sdpa's [B, H, S, D] gradient, tables per sequence or shared. A
+    batch of one keys the vision call's code (batch strides 0)."""
+    launch = submodule(kernel, "launch")
+    HQ, HK, D = 8, 2, 64
+
+    def keys(B, S, table_batch):
+        q, k = torch.empty(B, S, (HQ + HK) * D).unflatten(-1, (-1, D)).split([HQ, HK], 2)
+        cos = torch.empty(table_batch or B, S, D)
+        gq, gk = (torch.empty(B, H, S, D).transpose(1, 2) for H in (HQ, HK))
+        out_q, out_k = torch.empty(B, S, HQ, D), torch.empty(B, S, HK, D)
+        fwd = launch._key((q, k, out_q, out_k, None, None, cos, cos, None, None), S)[1]
+        bwd = launch._key((gq, gk, out_q, out_k, q, k, cos, cos, torch.empty(B, S, D), torch.empty(B, S, D)), S)[1]
+        return fwd, bwd
+
+    for table_batch in (None, 1):
+        batched = {keys(B, S, table_batch) for B in (2, 3, 7) for S in (1, 2, 17, 100, 4097)}
+        assert len(batched) == 1, batched
+        single = {keys(1, S, table_batch) for S in (1, 2, 17, 100, 4097)}
+        assert len(single) == 1 and single != batched
+        ((fwd, _),) = single
+        assert all(lay is None or lay[0][1] == 0 for lay in fwd)  # no batch stride: BATCHED off
