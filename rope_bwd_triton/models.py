@@ -71,12 +71,7 @@ def make_vision_model(family: str, *, dtype=torch.float32, device="cpu", seed=0,
 
 def make_images(model, grids, *, seed=0):
     """Patch inputs for images of grid (t, h, w) patches each: (pixel_values, grid_thw)."""
-    cfg = model.config
-    tokens = sum(t * h * w for t, h, w in grids)
-    width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
-    gen = torch.Generator().manual_seed(seed)
-    pixels = torch.randn(tokens, width, generator=gen).to(device=model.device, dtype=model.dtype)
-    return pixels, torch.tensor(grids, device=model.device)
+    return make_images_for(model.config, grids, model.device, model.dtype, seed)
 
 
 def square_grid(tokens: int, merge: int):
@@ -184,3 +179,185 @@ def make_tokens(model, batch, tokens, *, seed=0):
     """Random input ids [batch, tokens] (one positional input, as step passes it)."""
     gen = torch.Generator().manual_seed(seed)
     return (torch.randint(0, model.config.vocab_size, (batch, tokens), generator=gen).to(model.device),)
+
+
+# ------------------------------------------------------- tiny models of several families, to train
+
+# The tiny decoders' text configuration: QUICK_DECODER's heads (4 query, 2 key/value, of 16), 2 layers.
+TEXT = QUICK_DECODER | dict(vocab_size=96, num_hidden_layers=2, max_position_embeddings=64)
+MOE = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)  # Qwen3-Omni's text MoE
+# family -> (configuration class, causal LM class, its tiny configuration beyond TEXT)
+DECODERS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=4)),
+    # Phi-3's rotary rotates the first cos.shape[-1] channels: half of each head here
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5), pad_token_id=0),
+    ),
+}
+# Token ids of the multimodal models, inside their tiny vocabulary.
+IMAGE_TOKEN, VISION_START, VISION_END = 90, 91, 92
+
+
+def _configuration(family, name, **config):
+    return getattr(importlib.import_module(f"transformers.models.{family}.configuration_{family}"), name)(**config)
+
+
+def _built(model_cls, cfg, dtype, device, seed, attention="sdpa"):
+    cfg._attn_implementation = attention
+    torch.manual_seed(seed)
+    return model_cls(cfg).to(device=device, dtype=dtype)
+
+
+def make_decoder_model(family: str, *, dtype=torch.float32, device="cpu", seed=0, **config):
+    """A random-init causal LM of `family` (DECODERS) with the tiny TEXT configuration; `config`
+    overrides it."""
+    cfg_name, model_name, extra = DECODERS[family]
+    cfg = _configuration(family, cfg_name, **TEXT | extra | config)
+    # eager attention: Gemma-2 has no SDPA path (its logit soft-capping)
+    return _built(getattr(modeling_module(family), model_name), cfg, dtype, device, seed, "eager")
+
+
+def decoder_step(model, input_ids):
+    """A causal LM's forward and its language-modelling loss on its own tokens."""
+    out = model(input_ids=input_ids, labels=input_ids)
+    return out, out.loss
+
+
+# ------------------------------------------------------------------- whole multimodal models
+
+
+def _image_prompt(model, grids, seed, text=5):
+    """Per image: `text` random tokens, vision start, one image token per merged patch, vision end;
+    the keyword inputs of a vision-language model's forward (a batch of one sequence)."""
+    vision = model.config.vision_config
+    merge = vision.spatial_merge_size**2
+    pixels, grid_thw = make_images_for(vision, grids, model.device, model.dtype, seed)
+    gen = torch.Generator().manual_seed(seed)
+    ids = []
+    for t, h, w in grids:
+        ids += torch.randint(0, IMAGE_TOKEN, (text,), generator=gen).tolist()
+        ids += [VISION_START] + [IMAGE_TOKEN] * (t * h * w // merge) + [VISION_END]
+    ids = torch.tensor([ids], device=model.device)
+    return dict(
+        input_ids=ids, mm_token_type_ids=(ids == IMAGE_TOKEN).int(), pixel_values=pixels, image_grid_thw=grid_thw
+    )
+
+
+def make_images_for(cfg, grids, device, dtype, seed):
+    """make_images for a vision configuration `cfg`."""
+    tokens = sum(t * h * w for t, h, w in grids)
+    width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    gen = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(tokens, width, generator=gen).to(device=device, dtype=dtype)
+    return pixels, torch.tensor(grids, device=device)
+
+
+TOKENS = dict(image_token_id=IMAGE_TOKEN, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+MROPE = dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2], mrope_interleaved=True)
+
+
+def make_qwen3_vl(*, dtype=torch.float32, device="cpu", seed=0):
+    """A random-init Qwen3-VL (its vision encoder, deepstack, and text decoder), tiny."""
+    cfg = _configuration(
+        "qwen3_vl",
+        "Qwen3VLConfig",
+        text_config=TEXT | dict(rope_parameters=MROPE),
+        vision_config=QUICK_OMNI | dict(out_hidden_size=TEXT["hidden_size"]),
+        **TOKENS,
+    )
+    return _built(modeling_module("qwen3_vl").Qwen3VLForConditionalGeneration, cfg, dtype, device, seed)
+
+
+def make_qwen3_omni(*, dtype=torch.float32, device="cpu", seed=0):
+    """A random-init Qwen3-Omni, tiny: the thinker (vision and audio encoders, MoE text decoder),
+    the talker (MoE decoder and its code predictor) and code2wav (its transformer and decoder)."""
+    cfg = _configuration(
+        OMNI,
+        "Qwen3OmniMoeConfig",
+        thinker_config=dict(
+            text_config=TEXT | MOE | dict(rope_parameters=MROPE),
+            vision_config=QUICK_OMNI | dict(out_hidden_size=TEXT["hidden_size"]),
+            audio_config=dict(
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                d_model=16,
+                num_mel_bins=16,
+                output_dim=TEXT["hidden_size"],
+                downsample_hidden_size=8,
+            ),
+            audio_token_id=93,
+            audio_start_token_id=94,
+            **TOKENS,
+        ),
+        talker_config=dict(
+            text_config=TEXT | MOE | dict(rope_parameters=MROPE, shared_expert_intermediate_size=32),
+            code_predictor_config=TEXT | dict(num_code_groups=4, layer_types=["full_attention"] * 2),
+            num_code_groups=4,
+            thinker_hidden_size=TEXT["hidden_size"],
+            accept_hidden_layer=1,
+            spatial_merge_size=2,
+        ),
+        code2wav_config=dict(
+            codebook_size=64,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_quantizers=4,
+            sliding_window=8,
+            upsample_rates=[2, 2],
+            upsampling_ratios=[2],
+            decoder_dim=16,
+            max_position_embeddings=64,
+        ),
+        enable_audio_output=True,
+    )
+    return _built(modeling_module(OMNI).Qwen3OmniMoeForConditionalGeneration, cfg, dtype, device, seed)
+
+
+WHOLE = {"qwen3_vl": make_qwen3_vl, OMNI: make_qwen3_omni}  # family -> tiny whole-model factory
+
+
+def omni_decoders(model) -> dict:
+    """Qwen3-Omni's decoders besides the thinker's (its own causal LM): name -> module taking
+    inputs_embeds."""
+    return {
+        "talker": model.talker.model,
+        "code_predictor": model.talker.code_predictor.model,
+        "code2wav": model.code2wav.pre_transformer,
+    }
+
+
+def whole_inputs(model, grids=([1, 4, 8], [1, 4, 4]), *, seed=0, tokens=6):
+    """Inputs of whole_step: a prompt with the images of `grids` for the vision-language model
+    (Qwen3-Omni's thinker), and random embeddings of `tokens` for each of Qwen3-Omni's other
+    decoders."""
+    vlm = getattr(model, "thinker", model)
+    inputs = {"prompt": _image_prompt(vlm, [list(g) for g in grids], seed)}
+    if hasattr(model, "talker"):
+        gen = torch.Generator().manual_seed(seed + 1)
+        inputs["embeds"] = {
+            name: torch.randn(1, tokens, decoder.config.hidden_size, generator=gen).to(model.device, model.dtype)
+            for name, decoder in omni_decoders(model).items()
+        }
+    return inputs
+
+
+def whole_step(model, inputs):
+    """The vision-language model's language-modelling loss on its prompt (image tokens through the
+    vision encoder), plus the mean square of each other decoder's last hidden state; (outputs, loss)."""
+    vlm = getattr(model, "thinker", model)
+    prompt = inputs["prompt"]
+    out = vlm(**prompt, labels=prompt["input_ids"])
+    outputs, loss = [out.logits], out.loss
+    for name, embeds in inputs.get("embeds", {}).items():
+        hidden = omni_decoders(model)[name](inputs_embeds=embeds).last_hidden_state
+        outputs.append(hidden)
+        loss = loss + hidden.float().square().mean()
+    return outputs, loss
