@@ -309,3 +309,65 @@ def test_one_compile_key_for_every_batch_and_length(kernel):
         assert len(single) == 1 and single != batched
         ((fwd, _),) = single
         assert all(lay is None or lay[0][1] == 0 for lay in fwd)  # no batch stride: BATCHED off
+
+
+def family_rotary(variant, q, k, cos, sin, unsqueeze_dim=1):
+    """A decoder family's rotary in `variant`, written as transformers' families write it, in the
+    inputs' dtypes: rotate_half, rotate_pairwise, or pairwise from a table repeated per pair
+    (GLM); the first cos.shape[-1] channels rotated; outputs as the variant's dtype rule says."""
+    if variant.pairs == "repeated":
+        cos, sin = (t[..., : t.shape[-1] // 2].repeat_interleave(2, dim=-1) for t in (cos, sin))
+    R = cos.shape[-1]
+    c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    turn = reference.rotate_half if variant.pairs == "halves" else reference.rotate_pairwise
+
+    def apply(x):
+        x_rot, x_pass = x[..., :R], x[..., R:]
+        y = torch.cat((x_rot * c + turn(x_rot) * s, x_pass.to(torch.promote_types(x.dtype, c.dtype))), dim=-1)
+        return y.to({"kept": x.dtype, "q": q.dtype}[variant.dtypes]) if variant.dtypes != "promoted" else y
+
+    return apply(q), (None if k is None else apply(k))
+
+
+DECODER_VARIANTS = [
+    (form, pairs, dtypes)
+    for form in ("decoder", "single")
+    for pairs in ("halves", "interleaved", "repeated")
+    for dtypes in ("kept", "promoted", "q")
+    if not (form == "single" and dtypes == "q")
+]
+
+
+@pytest.mark.interpret(device="cpu", variant=[("decoder", "repeated", "promoted"), ("single", "halves", "promoted")])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids="-".join)
+def test_decoder_layers(kernel, device, variant, gen):
+    """Each decoder layer on its family's call: values, dtypes (bf16 q, float32 k and tables, on
+    which the dtype rules differ) and gradients against the family's own function in float64
+    (values) and in the inputs' dtypes (the dtypes), a partial table, unsqueeze_dim 1 and 2."""
+    assert sorted(v for v in kernel.layers.VARIANTS if v.form != "vision") == sorted(DECODER_VARIANTS)
+    variant = next(v for v in kernel.layers.VARIANTS if tuple(v) == variant)
+    layer = variant.layer_name
+    module = getattr(kernel.layers, layer)()
+    for unsqueeze_dim, R in ((1, 64), (2, 48)):
+        q, k, cos, sin = make_call(2, 7, 4, 2, 64, R, dtype=torch.float32, device=device, gen=gen, table_grad=True,
+                                   unsqueeze_dim=unsqueeze_dim)  # fmt: skip
+        q = q.detach().bfloat16().requires_grad_()
+        args = (q, cos, sin) if variant.form == "single" else (q, k, cos, sin)
+        outs = module(*args, unsqueeze_dim)
+        outs = [outs] if variant.form == "single" else list(outs)
+        with torch.no_grad():
+            own = [o for o in family_rotary(variant, q, None if variant.form == "single" else k, cos, sin,
+                                            unsqueeze_dim) if o is not None]  # fmt: skip
+        assert [o.dtype for o in outs] == [o.dtype for o in own] and [o.shape for o in outs] == [o.shape for o in own]
+        leaves = [t.detach().double().requires_grad_() for t in args]
+        ref = family_rotary(variant._replace(dtypes="promoted"), leaves[0], None if len(leaves) == 3 else leaves[1],
+                            *leaves[-2:], unsqueeze_dim)  # fmt: skip
+        ref = [r for r in ref if r is not None]
+        for o, r in zip(outs, ref):
+            assert reference.rel_err(o, r) <= 8e-3, (layer, unsqueeze_dim)
+        cot = [torch.randn(o.shape, generator=gen).to(o) for o in outs]
+        grads = torch.autograd.grad(outs, args, cot)
+        ref_grads = torch.autograd.grad(ref, leaves, [c.double() for c in cot])
+        for g, r, a in zip(grads, ref_grads, args):
+            assert g.dtype == a.dtype and reference.rel_err(g, r) <= 8e-3, (layer, unsqueeze_dim)

@@ -13,6 +13,7 @@ needs only torch.
 import importlib
 import inspect
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -21,93 +22,60 @@ import torch
 from torch import nn
 
 from . import rotary_torch
+from .layers import PARAMS, VARIANTS, Variant
 
 REPO_ID = "rope-bwd/rope-bwd"
 HOOK = "rotary_pos_emb"  # transformers' own layer name for the decoders' Llama-like rotary
-
-
-class Form(NamedTuple):
-    """A transformers rotary function: its name, parameters, and the layers' name stem."""
-
-    name: str
-    params: tuple
-    stem: str
-
-
-VISION = Form("apply_rotary_pos_emb_vision", ("q", "k", "cos", "sin"), "ApplyRotaryPosEmbVision")
-DECODER = Form("apply_rotary_pos_emb", ("q", "k", "cos", "sin", "unsqueeze_dim"), "ApplyRotaryPosEmb")
-FORMS = (VISION, DECODER)
-
-
-class Variant(NamedTuple):
-    """What a family's rotary computes: a rotation over the first cos.shape[-1] channels (the rest
-    passed through) and a dtype rule (`classify` tells them), for a function of `form`."""
-
-    form: Form
-    interleaved: bool  # pairs (2i, 2i+1) rotated; else the two halves
-    promotes: bool  # outputs in the promotion of q's (k's) dtype with cos's and sin's; else q's (k's)
-
-    @property
-    def layer_name(self) -> str:
-        """The layers.py class of the variant, also its layer name for kernels."""
-        return self.form.stem + "Interleaved" * self.interleaved + "Promoted" * self.promotes
-
-
-# The one classification table: per form, its variants in the order `classify` prefers them.
-VARIANTS = tuple(Variant(f, i, p) for f in FORMS for i in (False, True) for p in (False, True))
+NAMES = ("apply_rotary_pos_emb_vision", "apply_rotary_pos_emb")  # the module globals patched
 LAYER_NAMES = tuple(v.layer_name for v in VARIANTS)
 LAYER_NAME = VARIANTS[0].layer_name  # the vision variant of most families (halves, dtypes kept)
-HOOK_VARIANT = Variant(DECODER, False, True)  # Llama's body: what transformers' hook name stands for
+HOOK_VARIANT = Variant("decoder", "halves", "promoted")  # Llama's body: what transformers' hook name stands for
 _VARIANTS_TEXT = (
-    "rotate_half or rotate_pairwise over the first cos.shape[-1] channels, the rest passed through; "
-    "each output in its input's dtype or in its promotion with cos and sin"
+    "rotate_half, rotate_pairwise or pairs of a repeated table over the first cos.shape[-1] channels, the rest "
+    "passed through; each output in its input's dtype, in its promotion with cos and sin, or in q's"
 )
 
 
 class _Patch(NamedTuple):
     module: object  # the modeling module
-    form: Form
+    name: str  # the function's name there
     original: object  # its function (transformers' kernels layer, for a function it marks)
     function: object  # the module global while patched
     classes: dict  # attention class -> its own (__init__, forward) before the patch, None if untouched
     layer_name: str  # the layer name the function had (marked by transformers), or None
 
 
-_PATCHED: dict = {}  # (family, form name) -> _Patch
+_PATCHED: dict = {}  # (family, function name) -> _Patch
 
 
 def _module_name(family: str) -> str:
     return f"transformers.models.{family}.modeling_{family}"
 
 
-def _defines(source: bytes, form: Form) -> bool:
-    return f"{form.name}(".encode() in source
-
-
-def find_families(form: Form = None) -> tuple:
+def find_families(name: str = None) -> tuple:
     """The families of the installed transformers whose modeling module names a rotary function
-    (of `form`, or of any), read from its sources (nothing imported). Candidates: each is
-    classified when it is patched."""
+    (`name`, one of NAMES, or any), read from its sources (nothing imported). Candidates: each
+    is classified when it is patched."""
     import transformers.models
 
     paths = tuple(transformers.models.__path__)
     if paths not in _FOUND:
-        found = {f: [] for f in FORMS}
+        found = {n: [] for n in NAMES}
         for p in paths:
             for d in sorted(Path(p).iterdir()):
                 path = d / f"modeling_{d.name}.py"
                 if path.is_file():
                     source = path.read_bytes()
-                    for f in FORMS:
-                        if _defines(source, f):
-                            found[f].append(d.name)
-        _FOUND[paths] = {f: tuple(names) for f, names in found.items()}
-    if form is not None:
-        return _FOUND[paths][form]
+                    for n in NAMES:
+                        if f"{n}(".encode() in source:
+                            found[n].append(d.name)
+        _FOUND[paths] = {n: tuple(families) for n, families in found.items()}
+    if name is not None:
+        return _FOUND[paths][name]
     return tuple(sorted(set().union(*_FOUND[paths].values())))
 
 
-_FOUND: dict = {}  # transformers.models' path -> {form: families}
+_FOUND: dict = {}  # transformers.models' path -> {function name: families}
 
 
 def _modeling_module(family: str):
@@ -122,18 +90,18 @@ def _modeling_module(family: str):
             f"transformers has no family {family!r} ({name} not found); families with a rotary: "
             f"{', '.join(find_families())}"
         ) from None
-    if not any(hasattr(module, f.name) for f in FORMS):
-        raise ValueError(f"{name} has no {' or '.join(f.name for f in FORMS)}")
+    if not any(hasattr(module, n) for n in NAMES):
+        raise ValueError(f"{name} has no {' or '.join(NAMES)}")
     return module
 
 
-def _calls(cls, form: Form) -> bool:
+def _calls(cls, name: str) -> bool:
     code = getattr(inspect.unwrap(getattr(cls, "forward", None)), "__code__", None)
-    return code is not None and form.name in code.co_names
+    return code is not None and name in code.co_names
 
 
-def _attention_classes(module, form: Form) -> list:
-    """Classes of `module` whose forward calls the module's global rotary function of `form`
+def _attention_classes(module, name: str) -> list:
+    """Classes of `module` whose forward calls the module's global rotary function `name`
     (found from the bytecode's global names, so no class name is hard-coded)."""
     return [
         cls
@@ -141,18 +109,17 @@ def _attention_classes(module, form: Form) -> list:
         if inspect.isclass(cls)
         and issubclass(cls, nn.Module)
         and cls.__module__ == module.__name__
-        and _calls(cls, form)
+        and _calls(cls, name)
     ]
 
 
-def _family_forms(cls):
-    """(family, forms) whose rotary instances of `cls` call, or None."""
+def _family_of(cls):
+    """The family whose rotary instances of `cls` call, or None."""
     parts = cls.__module__.split(".")
     if len(parts) != 4 or parts[:2] != ["transformers", "models"] or parts[3] != f"modeling_{parts[2]}":
         return None
-    module = importlib.sys.modules.get(cls.__module__)
-    forms = [f for f in FORMS if hasattr(module, f.name) and _calls(cls, f)]
-    return (parts[2], forms) if forms else None
+    module = sys.modules.get(cls.__module__)
+    return parts[2] if any(hasattr(module, n) and _calls(cls, n) for n in NAMES) else None
 
 
 def families_in(*models) -> list:
@@ -160,9 +127,9 @@ def families_in(*models) -> list:
     found = {}
     for model in models:
         for cls in dict.fromkeys(type(m) for m in model.modules()):
-            hit = _family_forms(cls)
-            if hit is not None:
-                found[hit[0]] = None
+            family = _family_of(cls)
+            if family is not None:
+                found[family] = None
     return list(found)
 
 
@@ -179,17 +146,19 @@ _DTYPES = (  # (q, k, cos and sin)
     (torch.float32, torch.bfloat16, torch.bfloat16),
     (torch.bfloat16,) * 3,
 )
+_DECODER_PROBES = (  # q/k passed as [B, H, S, D], the tables [B, S, R] or shared [1, S, R]
+    *(((2, _S), (2,), _D, d) for d in _DTYPES),
+    ((2, _S), (1,), _D, _DTYPES[0]),
+    ((2, _S), (2,), _R, _DTYPES[0]),
+)
 _PROBES = {  # form -> (leading dims of q and k as [..., S, H, D], of the tables, table width, dtypes)
-    VISION: (
+    "vision": (
         *(((_S,), (), _D, d) for d in _DTYPES),
         *(((2, _S), (), _D, d) for d in _DTYPES),
         ((_S,), (), _R, _DTYPES[0]),
     ),
-    DECODER: (  # q/k passed as [B, H, S, D], the tables [B, S, R] or shared [1, S, R]
-        *(((2, _S), (2,), _D, d) for d in _DTYPES),
-        ((2, _S), (1,), _D, _DTYPES[0]),
-        ((2, _S), (2,), _R, _DTYPES[0]),
-    ),
+    "decoder": _DECODER_PROBES,
+    "single": _DECODER_PROBES,  # called for q alone
 }
 _TOL_FLOAT64 = 1e-4  # most families compute in float32 even on float64 inputs
 _TOL_BF16 = 3e-2  # a few bf16 roundings (2^-9 each) of the largest value
@@ -205,7 +174,7 @@ def _probe_inputs(gen, lead, table_lead, rot, dtypes):
 
 def _heads_first(form, x):
     """q or k as a function of `form` takes it, from [..., S, H, D], and back."""
-    return x.transpose(-3, -2) if form is DECODER else x
+    return x if form == "vision" else x.transpose(-3, -2)
 
 
 def _max_err(outs, refs) -> float:
@@ -216,18 +185,22 @@ def _max_err(outs, refs) -> float:
 
 
 def _call(fn, form, args):
-    """fn's outputs as [..., S, H, D], None when it raises (a call its model never makes), or a
-    ValueError's text when they are not two tensors shaped like q and k."""
+    """fn's outputs as [..., S, H, D] (q's alone for a function of one tensor), None when it
+    raises (a call its model never makes), or a ValueError's text when they are not tensors
+    shaped like q and k."""
     q, k, cos, sin = args
     q, k = _heads_first(form, q), _heads_first(form, k)
+    want = [q] if form == "single" else [q, k]
     try:
-        outs = fn(q, k, cos, sin)
+        outs = fn(q, cos, sin) if form == "single" else fn(q, k, cos, sin)
     except Exception:
         return None
-    if not (isinstance(outs, (tuple, list)) and len(outs) == 2 and all(isinstance(o, torch.Tensor) for o in outs)):
-        return f"returned {type(outs).__name__}, not (q_embed, k_embed)"
-    if tuple(outs[0].shape) != tuple(q.shape) or tuple(outs[1].shape) != tuple(k.shape):
-        return f"returned shapes {[tuple(o.shape) for o in outs]}, not those of q and k"
+    outs = [outs] if form == "single" and isinstance(outs, torch.Tensor) else outs
+    tensors = isinstance(outs, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in outs)
+    if not (tensors and len(outs) == len(want)):
+        return f"returned {type(outs).__name__}, not {'x_embed' if form == 'single' else '(q_embed, k_embed)'}"
+    if [tuple(o.shape) for o in outs] != [tuple(x.shape) for x in want]:
+        return f"returned shapes {[tuple(o.shape) for o in outs]}, not those of its inputs"
     return [_heads_first(form, o) for o in outs]
 
 
@@ -236,17 +209,25 @@ def _mismatch(variant, args, outs, cot, grads) -> str:
     from the variant's on `args`; "" when they do not. The variant's values come from the
     package's math (rotary_torch) in float64 on the rounded inputs."""
     q, k, cos, _ = args
-    want = tuple(torch.promote_types(x.dtype, cos.dtype) if variant.promotes else x.dtype for x in (q, k))
+    rule = {
+        "kept": lambda x: x.dtype,
+        "promoted": lambda x: torch.promote_types(x.dtype, cos.dtype),
+        "q": lambda x: q.dtype,
+    }[variant.dtypes]
+    want = tuple(rule(x) for x in (q, k))[: len(outs)]
     got = tuple(o.dtype for o in outs)
     if got != want:
-        return f"outputs in {got[0]} and {got[1]}, not {want[0]} and {want[1]}"
+        return f"outputs in {', '.join(map(str, got))}, not {', '.join(map(str, want))}"
     exact = q.dtype == torch.float64
     ref_args = [a.detach().double().requires_grad_(exact) for a in args]
-    refs = rotary_torch.forward(*ref_args, interleaved=variant.interleaved)
+    tables = ref_args[2:]
+    if variant.pairs == "repeated":
+        tables = [rotary_torch.repeat_pairs(t) for t in tables]
+    refs = rotary_torch.forward(*ref_args[:2], *tables, interleaved=variant.pairs != "halves")[: len(outs)]
     errs = [_max_err(outs, refs)]
     if exact:
-        ref_grads = torch.autograd.grad(refs, ref_args, cot)
-        errs += [_max_err([g], [r]) for g, r in zip(grads, ref_grads)]
+        ref_grads = torch.autograd.grad(refs, ref_args, cot, allow_unused=True)
+        errs += [_max_err([g], [r]) for g, r in zip(grads, ref_grads) if r is not None]
     err = max(errs)
     return "" if err <= (_TOL_FLOAT64 if exact else _TOL_BF16) else f"relative error {err:.2g} in values or gradients"
 
@@ -260,27 +241,27 @@ def _params(function):
 
 
 def classify(function, name: str = None) -> Variant:
-    """The variant that `function` (an `apply_rotary_pos_emb_vision` or `apply_rotary_pos_emb`,
-    told by its parameters) computes, from small random probes against the package's math:
-    every probe it does not raise on must match the variant, values, gradients of q, k, cos
-    and sin (float64) and output dtypes, and it must run at least one full-rotary probe. The
-    first variant of `VARIANTS` that matches, so dtypes kept where no probe tells the rule. A
+    """The variant (layers.VARIANTS) that `function`, a transformers rotary function of one of
+    the forms (told by its parameters), computes, from small random probes against the
+    package's math: every probe it does not raise on must match the variant, values, gradients
+    of q, k, cos and sin (float64) and output dtypes, and it must run at least one full-rotary
+    probe. The first variant that matches, so dtypes kept where no probe tells the rule. A
     ValueError saying what differed when none does; `name` names the function there."""
     if function in _CLASSIFIED:
         return _CLASSIFIED[function]
     name = name or getattr(function, "__qualname__", repr(function))
     prefix = f"{name} matches none of the supported rotary variants ({_VARIANTS_TEXT})"
     params = _params(function)
-    form = next((f for f in FORMS if f.params == params), None)
+    form = next((f for f, p in PARAMS.items() if p == params), None)
     if form is None:
-        raise ValueError(f"{prefix}: it takes {params}, not {' or '.join(str(f.params) for f in FORMS)}")
+        raise ValueError(f"{prefix}: it takes {params}, not {' or '.join(map(str, dict.fromkeys(PARAMS.values())))}")
     gen = torch.Generator().manual_seed(0)
-    why = {v: "" for v in VARIANTS if v.form is form}  # variant -> the first probe it failed, and how
+    why = {v: "" for v in VARIANTS if v.form == form}  # variant -> the first probe it failed, and how
     ran_full = False
     for lead, table_lead, rot, dtypes in _PROBES[form]:
         args = _probe_inputs(gen, lead, table_lead, rot, dtypes)
-        q_shape = list(_heads_first(form, args[0]).shape)
-        what = f"q {q_shape} {dtypes[0]}, k {dtypes[1]}, cos/sin {list(args[2].shape)} {dtypes[2]}"
+        x_shape = list(_heads_first(form, args[0]).shape)
+        what = f"q {x_shape} {dtypes[0]}, k {dtypes[1]}, cos/sin {list(args[2].shape)} {dtypes[2]}"
         exact = dtypes[0] == torch.float64
         outs = _call(function, form, [a.requires_grad_(exact) for a in args])
         if isinstance(outs, str) or (exact and outs is not None and not all(o.requires_grad for o in outs)):
@@ -323,16 +304,16 @@ def _attach(module, function):
 
 
 def _plan(family: str) -> list:
-    """[(module, form, original, variant, attention classes)] of `family`'s rotary functions,
+    """[(module, name, original, variant, attention classes)] of `family`'s rotary functions,
     classified; nothing patched. A ValueError when one cannot be patched."""
     module = _modeling_module(family)
     plans = []
-    for form in FORMS:
-        original = getattr(module, form.name, None)
-        if original is None or not _attention_classes(module, form):
+    for name in NAMES:
+        original = getattr(module, name, None)
+        if original is None or not _attention_classes(module, name):
             continue
-        variant = classify(original, f"{module.__name__}.{form.name}")
-        plans.append((module, form, original, variant, _attention_classes(module, form)))
+        variant = classify(original, f"{module.__name__}.{name}")
+        plans.append((module, name, original, variant, _attention_classes(module, name)))
     if not plans:
         raise ValueError(f"no class of {module.__name__} calls its rotary function")
     return plans
@@ -345,7 +326,7 @@ def _patch(family: str, plan) -> None:
     and its attention classes with it."""
     import kernels
 
-    module, form, original, variant, classes = plan
+    module, name_in_module, original, variant, classes = plan
     name = HOOK if variant == HOOK_VARIANT else variant.layer_name
     marked = getattr(original, "kernel_layer_name", None)
     if marked is not None:
@@ -357,8 +338,8 @@ def _patch(family: str, plan) -> None:
         saved = {cls: (cls.__dict__.get("__init__"), cls.__dict__.get("forward")) for cls in classes}
         for cls in classes:
             kernels.use_kernelized_func(function)(cls)
-        setattr(module, form.name, function)
-    _PATCHED[family, form.name] = _Patch(module, form, original, function, saved, marked)
+        setattr(module, name_in_module, function)
+    _PATCHED[family, name_in_module] = _Patch(module, name_in_module, original, function, saved, marked)
 
 
 def make_kernelizable(*models, families=None) -> list:
@@ -373,7 +354,7 @@ def make_kernelizable(*models, families=None) -> list:
     if families is None and models:
         families = families_in(*models)
         if not families:
-            raise ValueError(f"no module of the models calls a transformers {' or '.join(f.name for f in FORMS)}")
+            raise ValueError(f"no module of the models calls a transformers {' or '.join(NAMES)}")
     done = {family for family, _ in _PATCHED}
     if families is None:
         plans, skipped = {}, []
@@ -393,7 +374,7 @@ def make_kernelizable(*models, families=None) -> list:
             _patch(family, plan)
     if families is None:
         families = list(dict.fromkeys(family for family, _ in _PATCHED))
-    functions = {cls: p.function for p in _PATCHED.values() for cls in _attention_classes(p.module, p.form)}
+    functions = {cls: p.function for p in _PATCHED.values() for cls in _attention_classes(p.module, p.name)}
     for model in models:
         for sub in model.modules():
             if type(sub) in functions:
@@ -410,7 +391,7 @@ def restore_transformers() -> None:
     for patch in _PATCHED.values():
         if patch.layer_name is not None:
             kernels.replace_kernel_forward_from_hub(type(patch.original), patch.layer_name)
-        setattr(patch.module, patch.form.name, patch.original)
+        setattr(patch.module, patch.name, patch.original)
         for cls, own in patch.classes.items():
             for attr, value in zip(("__init__", "forward"), own):
                 if value is None:

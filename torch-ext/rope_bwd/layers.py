@@ -1,83 +1,90 @@
-"""Layers for kernels.kernelize: one per variant of transformers' rotary functions, the vision
-encoders' `apply_rotary_pos_emb_vision(q, k, cos, sin)` and the decoders'
-`apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` (integrations.py finds each family's
-variant). Stateless: kernels accepts no members but forward (and its two flags), and checks
-that forward's parameters are those of the function it replaces, so the variant is the class."""
+"""Layers for kernels.kernelize: one per variant of transformers' rotary functions (`VARIANTS`,
+the classification table integrations.py matches each family's function against):
+
+- the form: the vision encoders' `apply_rotary_pos_emb_vision(q, k, cos, sin)`, the decoders'
+  `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`, or a decoder's function of one
+  tensor, `apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)` (Gemma 4, called for q and k);
+- the pairs: halves (rotate_half), interleaved (rotate_pairwise), or interleaved from a table
+  whose first half holds one value per pair (GLM: `cos[..., :R/2].repeat_interleave(2)`); over
+  the first cos.shape[-1] channels, the rest passed through;
+- the dtype rule: each output in its input's dtype, in its promotion with cos and sin (a function
+  computing in its inputs' dtypes), or both in q's.
+
+Stateless classes, made from the table: kernels accepts no members but forward (and its two
+flags), and checks that forward's parameters are those of the function it replaces, so the
+variant is the class, held by forward's closure.
+"""
+
+from typing import NamedTuple
 
 from torch import nn
 
 from .ops import heads_axis, rotary_call
 
-_VISION = "apply_rotary_pos_emb_vision"
-_DECODER = "apply_rotary_pos_emb"
+FUNCTIONS = {
+    "vision": "apply_rotary_pos_emb_vision",
+    "decoder": "apply_rotary_pos_emb",
+    "single": "apply_rotary_pos_emb",
+}
+PARAMS = {
+    "vision": ("q", "k", "cos", "sin"),
+    "decoder": ("q", "k", "cos", "sin", "unsqueeze_dim"),
+    "single": ("x", "cos", "sin", "unsqueeze_dim"),
+}
+_STEMS = {"vision": "ApplyRotaryPosEmbVision", "decoder": "ApplyRotaryPosEmb", "single": "ApplyRotaryPosEmbSingle"}
+_PAIRS = {"halves": "", "interleaved": "Interleaved", "repeated": "RepeatedPairs"}
+_DTYPES = {"kept": "", "promoted": "Promoted", "q": "InQDtype"}
 
 
-class _Layer(nn.Module):
-    can_torch_compile = True
-    has_backward = True
+class Variant(NamedTuple):
+    """What a family's rotary computes (see the module's docstring)."""
+
+    form: str  # "vision", "decoder" or "single"
+    pairs: str  # "halves", "interleaved" or "repeated"
+    dtypes: str  # "kept", "promoted" or "q"
+
+    @property
+    def layer_name(self) -> str:
+        """The layer's class here, also its layer name for kernels."""
+        return _STEMS[self.form] + _PAIRS[self.pairs] + _DTYPES[self.dtypes]
 
 
-class ApplyRotaryPosEmbVision(_Layer):
-    """rotate_half over the first cos.shape[-1] channels (all of them in most families), the
-    rest passed through; each output in its input's dtype (Qwen2-VL to Qwen3.5, GLM-4V, ...).
-    q, k [S, H, D] or [B, S, H, D], cos/sin [S, R]."""
-
-    def forward(self, q, k, cos, sin):
-        return rotary_call(_VISION, q, k, cos, sin)
-
-
-class ApplyRotaryPosEmbVisionInterleaved(_Layer):
-    """Interleaved pairs (2i, 2i+1) rotated, as transformers' rotate_pairwise (Inkling2);
-    each output in its input's dtype."""
-
-    def forward(self, q, k, cos, sin):
-        return rotary_call(_VISION, q, k, cos, sin, interleaved=True)
+# In the order classification prefers them where its probes cannot tell (dtypes kept first).
+VARIANTS = tuple(
+    Variant(form, pairs, dtypes)
+    for form in _STEMS
+    for pairs in _PAIRS
+    for dtypes in _DTYPES
+    if not (form == "single" and dtypes == "q")  # one tensor: q's dtype is its own
+)
 
 
-class ApplyRotaryPosEmbVisionPromoted(_Layer):
-    """As ApplyRotaryPosEmbVision, each output in the promotion of its input's dtype with
-    cos's and sin's, as a function computing in its inputs' dtypes returns it (MiniMax-M3:
-    under autocast its bf16 q meets float32 cos/sin)."""
+def _forward(v: Variant):
+    fn, kw = FUNCTIONS[v.form], {"pairs": v.pairs, "dtypes": v.dtypes}
+    if v.form == "vision":
 
-    def forward(self, q, k, cos, sin):
-        return rotary_call(_VISION, q, k, cos, sin, promotes=True)
+        def forward(self, q, k, cos, sin):
+            return rotary_call(fn, q, k, cos, sin, **kw)
 
+    elif v.form == "decoder":
 
-class ApplyRotaryPosEmbVisionInterleavedPromoted(_Layer):
-    """Interleaved pairs, outputs in the promoted dtypes."""
+        def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+            return rotary_call(fn, q, k, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
 
-    def forward(self, q, k, cos, sin):
-        return rotary_call(_VISION, q, k, cos, sin, interleaved=True, promotes=True)
+    else:
 
+        def forward(self, x, cos, sin, unsqueeze_dim=1):
+            return rotary_call(fn, x, None, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
 
-class ApplyRotaryPosEmbPromoted(_Layer):
-    """The decoders' rotary of Llama and most families (transformers' hook "rotary_pos_emb"):
-    rotate_half over the first cos.shape[-1] channels, outputs in the promotion of each input's
-    dtype with cos's and sin's. q, k [B, H, S, D] (unsqueeze_dim=1) or [B, S, H, D] (2), cos/sin
-    [B, S, R] or [1, S, R]."""
-
-    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
-        return rotary_call(_DECODER, q, k, cos, sin, promotes=True, heads_axis=heads_axis(_DECODER, unsqueeze_dim))
+    forward.__qualname__ = f"{v.layer_name}.forward"  # found by name, as pickle looks for it
+    return forward
 
 
-class ApplyRotaryPosEmb(_Layer):
-    """As ApplyRotaryPosEmbPromoted, each output in its input's dtype (families that compute in
-    float32 and cast back)."""
-
-    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
-        return rotary_call(_DECODER, q, k, cos, sin, heads_axis=heads_axis(_DECODER, unsqueeze_dim))
+def _layer(v: Variant) -> type:
+    doc = f"transformers' {FUNCTIONS[v.form]}{PARAMS[v.form]}: {v.pairs} pairs, dtypes {v.dtypes}."
+    attrs = {"__doc__": doc, "__module__": __name__, "forward": _forward(v), "can_torch_compile": True}
+    return type(v.layer_name, (nn.Module,), attrs | {"has_backward": True})
 
 
-class ApplyRotaryPosEmbInterleaved(_Layer):
-    """Interleaved pairs (rotate_pairwise), each output in its input's dtype."""
-
-    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
-        return rotary_call(_DECODER, q, k, cos, sin, interleaved=True, heads_axis=heads_axis(_DECODER, unsqueeze_dim))
-
-
-class ApplyRotaryPosEmbInterleavedPromoted(_Layer):
-    """Interleaved pairs, outputs in the promoted dtypes."""
-
-    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
-        axis = heads_axis(_DECODER, unsqueeze_dim)
-        return rotary_call(_DECODER, q, k, cos, sin, interleaved=True, promotes=True, heads_axis=axis)
+LAYERS = {v: _layer(v) for v in VARIANTS}
+globals().update({cls.__name__: cls for cls in LAYERS.values()})  # layers.<name>, where kernels looks

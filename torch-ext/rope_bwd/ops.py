@@ -277,29 +277,40 @@ def apply_rotary_pos_emb_vision(
     return rotary(q, k, cos, sin, interleaved)
 
 
-def rotary_call(fn, q, k, cos, sin, *, interleaved=False, promotes=False, heads_axis=None):
+def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis=None):
     """A transformers rotary call, checked, through the kernel. The vision form (heads_axis None):
     q, k [S, H, D] or [B, S, H, D], cos and sin [S, R], shared by the batch. The decoder form:
-    q, k [B, H, S, D] (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B, S, R] or [1, S, R].
-    promotes: outputs in the promotion of each input's dtype with cos's and sin's, as a
-    function computing in its inputs' dtypes returns them; else in the inputs' dtypes.
-    fn names the function in errors."""
+    q, k [B, H, S, D] (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B, S, R] or [1, S, R];
+    k None for a function of one tensor (its result alone is returned).
+    pairs: "halves" (rotate_half), "interleaved" (rotate_pairwise), or "repeated" (interleaved
+    pairs, each table pair's first half taken for both: rotary_torch.repeat_pairs).
+    dtypes: each output in its input's dtype ("kept"), in the promotion of its input's dtype with
+    cos's and sin's ("promoted", as a function computing in its inputs' dtypes returns them), or
+    both in q's ("q"). fn names the function in errors."""
+    single = k is None
     if heads_axis == -3:
         q, k = (x.transpose(-3, -2) if isinstance(x, Tensor) and x.dim() == 4 else x for x in (q, k))
+    if single and isinstance(q, Tensor) and q.dim() >= 3:
+        k = q[..., :0, :]  # no heads: the kernel writes q's alone
     batched = isinstance(q, Tensor) and q.dim() == 4
-    if heads_axis is None and batched and all(isinstance(t, Tensor) and t.dim() == 2 for t in (cos, sin)):
-        cos, sin = cos[None], sin[None]
     tables = isinstance(cos, Tensor) and isinstance(sin, Tensor)
+    if heads_axis is None and batched and tables and cos.dim() == sin.dim() == 2:
+        cos, sin = cos[None], sin[None]
     if tables and sin.dtype != cos.dtype:
         table = torch.promote_types(cos.dtype, sin.dtype)
         cos, sin = cos.to(table), sin.to(table)
-    check_inputs(fn, [("q", q), ("k", k)], [("cos", cos), ("sin", sin)], batched=batched)
-    if promotes:  # computed from the unrounded inputs
+    names = [("x", q)] if single else [("q", q), ("k", k)]
+    check_inputs(fn, names if not single else [*names, ("x", k)], [("cos", cos), ("sin", sin)], batched=batched)
+    if dtypes == "promoted":  # computed from the unrounded inputs
         q, k = (x.to(torch.promote_types(x.dtype, cos.dtype)) for x in (q, k))
-    q_embed, k_embed = rotary(q, k, cos, sin, interleaved)
+    if pairs == "repeated":
+        cos, sin = rotary_torch.repeat_pairs(cos), rotary_torch.repeat_pairs(sin)
+    q_embed, k_embed = rotary(q, k, cos, sin, pairs != "halves")
+    if dtypes == "q":
+        k_embed = k_embed.to(q_embed.dtype)
     if heads_axis == -3:
-        return q_embed.transpose(-3, -2), k_embed.transpose(-3, -2)
-    return q_embed, k_embed
+        q_embed, k_embed = q_embed.transpose(-3, -2), k_embed.transpose(-3, -2)
+    return q_embed if single else (q_embed, k_embed)
 
 
 def heads_axis(fn: str, unsqueeze_dim) -> int:
@@ -338,7 +349,7 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
         ValueError / TypeError naming the argument, before any kernel runs.
     """
     fn = "apply_rotary_pos_emb"
-    return rotary_call(fn, q, k, cos, sin, promotes=True, heads_axis=heads_axis(fn, unsqueeze_dim))
+    return rotary_call(fn, q, k, cos, sin, dtypes="promoted", heads_axis=heads_axis(fn, unsqueeze_dim))
 
 
 _OUT_AND_INPUTS = ("out[grad_q]", "out[grad_k]", "out[grad_embeddings]", "grad_q_embed", "grad_k_embed", "q", "k",

@@ -42,6 +42,13 @@ def join_pairs(y1: torch.Tensor, y2: torch.Tensor, tail, interleaved: bool) -> t
     return y if tail is None else torch.cat((y, tail), dim=-1)
 
 
+def repeat_pairs(table: torch.Tensor) -> torch.Tensor:
+    """A table for interleaved pairs from one whose first R/2 channels hold a value per pair:
+    each taken for both members of its pair, cos[..., :R/2].repeat_interleave(2) (GLM and
+    Moonshine build their tables for rotate_half and rotate interleaved pairs this way)."""
+    return table[..., : table.shape[-1] // 2].repeat_interleave(2, dim=-1)
+
+
 def cos_sin(table: torch.Tensor, sin, dtype: torch.dtype):
     """The (cos, sin) tables in the math dtype: given, or of the angles `table` when sin is None."""
     if sin is None:
