@@ -28,7 +28,7 @@ from rope_bwd_triton.build import repo_id
 
 from ..helpers import DEVICES, INTERPRET
 from ..reference import rel_err
-from .test_kernelize_transformers import no_tf32, run  # noqa: F401 (no_tf32: a fixture; fp32 is fp32 on CUDA too)
+from .test_kernelize_transformers import assert_kernelized, no_tf32, run  # noqa: F401 (no_tf32: a fixture; fp32 is fp32 on CUDA too)
 
 _DEF = re.compile(r"^def apply_rotary_pos_emb_vision\(", re.M)
 
@@ -49,23 +49,14 @@ KNOWN = (
     "lfm3_vl minimax_m3_vl mlcd muse_glimmer muse_spark paddleocr_vl qwen2_5_omni qwen2_5_vl qwen2_vl qwen3_5 "
     "qwen3_5_moe qwen3_omni_moe qwen3_vl qwen3_vl_moe qwen4_exp step3p7 video_llama_3"
 ).split()
-# (interleaved, promotes) where a family is not rotate_half with its inputs' dtypes kept
-VARIANTS = {"inkling2": (True, False), "minimax_m3_vl": (False, True)}
+# (pairs, dtype rule) where a family is not rotate_half with its inputs' dtypes kept
+VARIANTS = {"inkling2": ("interleaved", "kept"), "minimax_m3_vl": ("halves", "promoted")}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # bf16: its rounding (2^-9), float32: a few float32 ops
 
 
 def present(family):
     if family not in FAMILIES:
         pytest.skip(f"transformers {transformers.__version__} has no {family} (or it defines no vision rotary)")
-
-
-@pytest.fixture
-def integrations(kernel):
-    """The shipped integrations module; every family it patched restored afterwards."""
-    yield kernel.integrations
-    patched = {f: p.original for f, p in kernel.integrations._PATCHED.items()}
-    kernel.integrations.restore_transformers()
-    assert all(models.modeling_module(f).apply_rotary_pos_emb_vision is fn for f, fn in patched.items())
 
 
 def kernelized(integrations, layer_or_model, device, mode=Mode.TRAINING):
@@ -112,11 +103,11 @@ def test_families_are_found_and_classified(kernel):
     """The package finds every family that defines the function (it may find more: it also
     counts a module that imports it), and classifies each as its variant."""
     integrations = kernel.integrations
-    found = integrations.find_families()
+    found = integrations.find_families("apply_rotary_pos_emb_vision")
     assert set(FAMILIES) <= set(found) and {"qwen2_vl", "qwen2_5_vl", "glm4v", "qwen3_vl"} <= set(found)
     for family in found:
         variant = integrations.classify(models.modeling_module(family).apply_rotary_pos_emb_vision)
-        assert tuple(variant) == VARIANTS.get(family, (False, False)), family
+        assert variant.form == "vision" and variant[1:] == VARIANTS.get(family, ("halves", "kept")), family
         assert variant.layer_name in integrations.LAYER_NAMES and hasattr(kernel.layers, variant.layer_name)
 
 
@@ -139,7 +130,7 @@ def _always_float32(q, k, cos, sin):
     return rotary(q), rotary(k)
 
 
-def _extra_argument(q, k, cos, sin, unsqueeze_dim=1):
+def _extra_argument(q, k, cos, sin, position_ids):
     return q, k
 
 
@@ -147,7 +138,7 @@ def _extra_argument(q, k, cos, sin, unsqueeze_dim=1):
     "function, why",
     [
         (_rotate_the_other_way, "as ApplyRotaryPosEmbVision, .*relative error"),
-        (_always_float32, "outputs in torch.float32 and torch.float32, not torch.float64"),
+        (_always_float32, "outputs in torch.float32, torch.float32, not torch.float64, torch.float64"),
         (_extra_argument, "it takes"),
     ],
     ids=["values", "dtypes", "signature"],
@@ -178,20 +169,27 @@ def test_a_function_of_no_variant_is_refused(kernel, integrations, monkeypatch, 
 
 
 def test_every_family_by_default(kernel, integrations):
-    """make_kernelizable() with neither models nor names: every family found, each as its
-    variant's layer; restore_transformers puts every function back (the fixture checks)."""
-    patched = integrations.make_kernelizable()
-    assert patched == [f for f in integrations.find_families()] and set(FAMILIES) <= set(patched)
-    for family in patched:
-        layer = models.modeling_module(family).apply_rotary_pos_emb_vision
-        assert layer.kernel_layer_name == integrations.classify(integrations._PATCHED[family].original).layer_name
+    """make_kernelizable() with neither models nor names: every family found whose functions
+    are all of a variant, vision and decoder ones, each function as its variant's layer (or
+    transformers' hook name, for Llama's variant); the others named in one warning;
+    restore_transformers puts every function back (the fixture checks)."""
+    with pytest.warns(UserWarning, match="left as transformers has them") as warned:
+        patched = integrations.make_kernelizable()
+    (warning,) = [w for w in warned if "left as transformers has them" in str(w.message)]
+    left = {line.split(":")[0] for line in str(warning.message).splitlines()[1:]}
+    assert patched == [f for f in integrations.find_families() if f not in left] and set(FAMILIES) <= set(patched)
+    assert {f for f, _ in integrations._PATCHED} == set(patched)
+    for (family, name), patch in integrations._PATCHED.items():
+        variant = integrations.classify(patch.original)
+        want = integrations.HOOK if variant == integrations.HOOK_VARIANT else variant.layer_name
+        assert getattr(models.modeling_module(family), name).kernel_layer_name == want, (family, name)
 
 
 def test_unknown_family_is_named(kernel, integrations):
     with pytest.raises(ValueError, match="transformers has no family 'no_such_family'"):
         integrations.make_kernelizable(families=["no_such_family"])
-    with pytest.raises(ValueError, match="modeling_llama has no apply_rotary_pos_emb_vision"):
-        integrations.make_kernelizable(families=["llama"])
+    with pytest.raises(ValueError, match="modeling_bert has no apply_rotary_pos_emb_vision or apply_rotary_pos_emb"):
+        integrations.make_kernelizable(families=["bert"])
     assert not integrations._PATCHED
 
 
@@ -334,52 +332,50 @@ def assert_close(got, ref, tol):
         assert rel_err(g, r) < tol, f"grads of {module}: rel err {rel_err(g, r):.2e}"
 
 
-def check_encoder(kernel, integrations, family, dtype, device, autocast=False):
+def check_encoder(kernel, integrations, rotary_calls, family, dtype, device, autocast=False):
     eager = build_encoder(family, dtype, device)
     inputs = encoder_inputs(family, eager)
     model = copy.deepcopy(eager)
     with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
         ref = run(eager, inputs, Mode.TRAINING)
         model = integrations.kernelize_vision_rotary(model, mode=Mode.TRAINING, device=torch.device(device).type)
-        variant = integrations.classify(integrations._PATCHED[family].original)
-        assert (
-            models.modeling_module(family).apply_rotary_pos_emb_vision.forward.__func__
-            is getattr(kernel.layers, variant.layer_name).forward
-        )
+        variant = integrations.classify(integrations._PATCHED[family, "apply_rotary_pos_emb_vision"].original)
+        assert_kernelized(kernel, model, variant.layer_name)
         got = run(model, inputs, Mode.TRAINING)
     assert_close(got, ref, ENCODER_TOL[torch.bfloat16 if autocast else dtype])
+    assert rotary_calls["apply_rotary_pos_emb_vision"] > 0
 
 
 @pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", list(ENCODERS))
-def test_tiny_encoder_trains_as_eager(kernel, integrations, family, dtype, device):
+def test_tiny_encoder_trains_as_eager(kernel, integrations, rotary_calls, family, dtype, device):
     """A training step of the family's vision encoder (2 layers, random init), kernelized
     with kernelize_vision_rotary: every output and parameter gradient as eager's."""
     present(family)
-    check_encoder(kernel, integrations, family, dtype, device)
+    check_encoder(kernel, integrations, rotary_calls, family, dtype, device)
 
 
 @pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", ["minimax_m3_vl", "qwen2_vl"])
-def test_tiny_encoder_under_autocast(kernel, integrations, family, device):
+def test_tiny_encoder_under_autocast(kernel, integrations, rotary_calls, family, device):
     """float32 weights under bf16 autocast: MiniMax-M3's rotary gets bf16 q/k and float32
     cos/sin and returns float32 (it computes in its inputs' dtypes), Qwen2-VL's returns bf16;
     the kernelized step returns the same dtypes and matches."""
     present(family)
-    check_encoder(kernel, integrations, family, torch.float32, device, autocast=True)
+    check_encoder(kernel, integrations, rotary_calls, family, torch.float32, device, autocast=True)
 
 
 @pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_model_of_several_families(kernel, integrations, device):
+def test_a_model_of_several_families(kernel, integrations, rotary_calls, device):
     """One module holding the encoders of families of different variants: each family gets
     its variant's layer, and a training step matches eager's."""
     families = [f for f in ENCODERS if f in FAMILIES]
-    variants = {integrations.classify(models.modeling_module(f).apply_rotary_pos_emb_vision) for f in families}
-    if len(variants) < 2:
+    variants = {f: integrations.classify(models.modeling_module(f).apply_rotary_pos_emb_vision) for f in families}
+    if len(set(variants.values())) < 2:
         pytest.skip(f"transformers {transformers.__version__} has fewer than two variants among {list(ENCODERS)}")
 
     class Encoders(torch.nn.Module):
@@ -401,14 +397,11 @@ def test_a_model_of_several_families(kernel, integrations, device):
 
     ref = step(eager)
     integrations.kernelize_vision_rotary(model, mode=Mode.TRAINING, device=torch.device(device).type)
-    assert set(integrations._PATCHED) == set(families)
-    for f in families:
-        name = integrations.classify(integrations._PATCHED[f].original).layer_name
-        assert (
-            models.modeling_module(f).apply_rotary_pos_emb_vision.forward.__func__
-            is getattr(kernel.layers, name).forward
-        )
+    assert {f for f, _ in integrations._PATCHED} == set(families)
+    for f, encoder in zip(families, model.encoders):
+        assert_kernelized(kernel, encoder, variants[f].layer_name)
     assert_close(step(model), ref, ENCODER_TOL[torch.float32])
+    assert rotary_calls["apply_rotary_pos_emb_vision"] >= 2 * len(families)  # each encoder's 2 layers
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -424,7 +417,10 @@ def test_compiled_variants(kernel, integrations, device, gen):
     torch._dynamo.reset()
     for family in families:
         M = models.modeling_module(family)
-        own, layer = integrations._PATCHED[family].original, M.apply_rotary_pos_emb_vision
+        own, layer = (
+            integrations._PATCHED[family, "apply_rotary_pos_emb_vision"].original,
+            M.apply_rotary_pos_emb_vision,
+        )
         kernelized(integrations, layer, device, Mode.TRAINING | Mode.TORCH_COMPILE)
         compiled = torch.compile(layer, fullgraph=True, backend=backend)
         D = 16

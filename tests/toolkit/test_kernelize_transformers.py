@@ -14,7 +14,7 @@ import re
 
 import pytest
 import torch
-from kernels import KernelizeFallback, Mode, kernelize, use_kernel_mapping
+from kernels import KernelizeFallback, Mode, kernelize, use_kernel_mapping, use_kernelized_func
 
 from rope_bwd_triton import models
 from rope_bwd_triton.build import repo_id
@@ -39,16 +39,6 @@ REAL = {
 REAL_GRIDS = [[1, 32, 32], [1, 16, 32]]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bf16: a few roundings of 2^-8 through the net
 ALL_MODES = [Mode.INFERENCE, Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE]
-
-
-@pytest.fixture
-def integrations(kernel):
-    """The shipped integrations module; transformers restored afterwards so nothing leaks
-    into other tests."""
-    originals = {f: models.modeling_module(f).apply_rotary_pos_emb_vision for f in FAMILIES}
-    yield kernel.integrations
-    kernel.integrations.restore_transformers()
-    assert all(models.modeling_module(f).apply_rotary_pos_emb_vision is fn for f, fn in originals.items())
 
 
 def build(family, size, dtype, device):
@@ -78,12 +68,22 @@ def assert_close(got, ref, tol):
         assert g is None or rel_err(g, r) < tol, f"grad of {name}: rel err {rel_err(g, r):.2e}"
 
 
-def assert_kernelized(kernel, family):
-    layer = models.modeling_module(family).apply_rotary_pos_emb_vision
-    assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward
+def attached_layers(kernel, model) -> list:
+    """The package's layer (its name) that each kernels function attached to a module of `model`
+    runs (use_kernelized_func's `_kernel_funcs`), None for one still transformers'."""
+    names = {getattr(kernel.layers, n).forward: n for n in kernel.integrations.LAYER_NAMES}
+    funcs = [f for m in model.modules() for f in m.__dict__.get("_kernel_funcs", {}).values()]
+    return [names.get(getattr(f.forward, "__func__", None)) for f in funcs]
 
 
-def check_parity(kernel, integrations, family, *, size, dtype, device, mode, built):
+def assert_kernelized(kernel, model, *layer_names):
+    """Every rotary attached to `model` runs one of the package's layers `layer_names`, each of
+    them at least one (ApplyRotaryPosEmbVision by default)."""
+    got = attached_layers(kernel, model)
+    assert got and set(got) == set(layer_names or ["ApplyRotaryPosEmbVision"]), got
+
+
+def check_parity(kernel, integrations, rotary_calls, family, *, size, dtype, device, mode, built):
     eager, inputs = build(family, size, dtype, device)
     model = copy.deepcopy(eager)
     ref = run(eager, inputs, mode)
@@ -96,26 +96,39 @@ def check_parity(kernel, integrations, family, *, size, dtype, device, mode, bui
     # (GeluTanh, with kernels >= 0.19) keep their forward.
     with use_kernel_mapping(integrations.kernel_mapping(repo_id(), version=1)):
         model = kernelize(model, mode=mode, device=torch.device(device).type, use_fallback=KernelizeFallback.NO_LAYER)
-    assert_kernelized(kernel, family)
+    assert_kernelized(kernel, model)
     if Mode.TORCH_COMPILE in mode:
         torch._dynamo.reset()
         model.compile()  # in place: parameter names stay those of the eager twin
     tol = TOL[dtype] * (10 if Mode.TORCH_COMPILE in mode else 1)  # inductor reorders the fp32 sums
     assert_close(run(model, inputs, mode), ref, tol)
+    # the layer ran (under torch.compile on CPU, inductor traced its math into its own code)
+    assert rotary_calls["apply_rotary_pos_emb_vision"] > 0
 
 
 @pytest.mark.parametrize("built", ["before", "after"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_training_parity(kernel, integrations, family, dtype, built):
-    check_parity(kernel, integrations, family, size="tiny", dtype=dtype, device="cpu", mode=Mode.TRAINING, built=built)
-
-
-@pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl"])
-def test_inference_parity(kernel, integrations, family):
+def test_training_parity(kernel, integrations, rotary_calls, family, dtype, built):
     check_parity(
         kernel,
         integrations,
+        rotary_calls,
+        family,
+        size="tiny",
+        dtype=dtype,
+        device="cpu",
+        mode=Mode.TRAINING,
+        built=built,
+    )
+
+
+@pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl"])
+def test_inference_parity(kernel, integrations, rotary_calls, family):
+    check_parity(
+        kernel,
+        integrations,
+        rotary_calls,
         family,
         size="tiny",
         dtype=torch.bfloat16,
@@ -125,10 +138,11 @@ def test_inference_parity(kernel, integrations, family):
     )
 
 
-def test_compile_training_parity(kernel, integrations):
+def test_compile_training_parity(kernel, integrations, rotary_calls):
     check_parity(
         kernel,
         integrations,
+        rotary_calls,
         "qwen3_omni_moe",
         size="tiny",
         dtype=torch.float32,
@@ -152,8 +166,10 @@ def no_tf32():
 @pytest.mark.parametrize("mode", ALL_MODES, ids=["inference", "training", "training_compile"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", list(REAL))
-def test_real_width_parity_cuda(kernel, integrations, family, dtype, mode, no_tf32):
-    check_parity(kernel, integrations, family, size="real", dtype=dtype, device="cuda", mode=mode, built="before")
+def test_real_width_parity_cuda(kernel, integrations, rotary_calls, family, dtype, mode, no_tf32):
+    check_parity(
+        kernel, integrations, rotary_calls, family, size="real", dtype=dtype, device="cuda", mode=mode, built="before"
+    )
 
 
 @pytest.mark.gpu
@@ -184,45 +200,80 @@ def test_compiled_varying_image_sizes_cuda(kernel, integrations, no_tf32):
             assert any(re.search(r"\bs\d+\b", c) for c in code if "rotary_kernel" in c)
 
 
-def test_convenience_call(kernel, integrations):
+def test_convenience_call(kernel, integrations, rotary_calls):
     """kernelize_vision_rotary with its defaults (the published repo-id, version 1) from a
     checkout: LOCAL_KERNELS set, the network refused (it used to resolve the version on the Hub)."""
     assert integrations.REPO_ID == repo_id()
     eager, inputs = build("qwen2_5_vl", "tiny", torch.float32, "cpu")
     ref = run(eager, inputs, Mode.TRAINING)
     model = integrations.kernelize_vision_rotary(copy.deepcopy(eager), mode=Mode.TRAINING, device="cpu")
-    assert_kernelized(kernel, "qwen2_5_vl")
-    assert set(integrations._PATCHED) == {"qwen2_5_vl"}  # only the model's own family is touched
+    assert_kernelized(kernel, model)
+    # only the model's own family is touched: its two functions (its text attention names
+    # apply_rotary_pos_emb, although it calls apply_multimodal_rotary_pos_emb)
+    assert set(integrations._PATCHED) == {("qwen2_5_vl", name) for name in integrations.NAMES}
     assert_close(run(model, inputs, Mode.TRAINING), ref, TOL[torch.float32])
+    assert rotary_calls["apply_rotary_pos_emb_vision"] > 0
     with pytest.raises(ValueError, match="no module of the models calls"):
         integrations.kernelize_vision_rotary(torch.nn.Linear(2, 2), mode=Mode.TRAINING, device="cpu")
 
 
+def attached(model, cls, layer_name):
+    """The kernels layers attached to the modules of `model` of class `cls` under `layer_name`."""
+    attns = [m for m in model.modules() if isinstance(m, cls)]
+    assert attns, cls
+    return [a.__dict__.get("_kernel_funcs", {}).get(layer_name) for a in attns]
+
+
+def decorator_attaches(function):
+    """What kernels' use_kernelized_func attaches to a module its decorated class builds, in the
+    installed kernels: the module global itself (kernels < 0.19) or a copy of its own."""
+    probe = use_kernelized_func(function)(type("Probe", (torch.nn.Module,), {}))()
+    (attached,) = probe._kernel_funcs.values()
+    return "global" if attached is function else "copy"
+
+
 def test_make_kernelizable_is_idempotent_and_undone(kernel, integrations):
+    """Twice is once (same layer, constructor wrapped once); every attention module, built before
+    or after or deep-copied, holds the layer as kernels' decorator gives it (the global, or a copy
+    of the same class); restore_transformers puts function and class back."""
     M = models.modeling_module("qwen3_omni_moe")
-    original, init = M.apply_rotary_pos_emb_vision, M.Qwen3OmniMoeVisionAttention.__init__
+    cls, name = M.Qwen3OmniMoeVisionAttention, integrations.LAYER_NAME
+    original, init = M.apply_rotary_pos_emb_vision, cls.__init__
     before, _ = build("qwen3_omni_moe", "tiny", torch.float32, "cpu")
     integrations.make_kernelizable(before)
     layer = M.apply_rotary_pos_emb_vision
-    assert layer.kernel_layer_name == integrations.LAYER_NAME and layer.forward.__self__ is layer
-    wrapped_init = M.Qwen3OmniMoeVisionAttention.__init__
-    integrations.make_kernelizable(before)  # twice: same layer, constructor wrapped once
-    assert M.apply_rotary_pos_emb_vision is layer and M.Qwen3OmniMoeVisionAttention.__init__ is wrapped_init
+    assert layer.kernel_layer_name == name and layer.forward.__self__ is layer
+    wrapped_init = cls.__init__
+    integrations.make_kernelizable(before)
+    assert M.apply_rotary_pos_emb_vision is layer and cls.__init__ is wrapped_init
     after, _ = build("qwen3_omni_moe", "tiny", torch.float32, "cpu")
-    for model in (before, after, copy.deepcopy(after)):  # a deepcopy keeps the module-global layer
-        attns = [m for m in model.modules() if isinstance(m, M.Qwen3OmniMoeVisionAttention)]
-        assert attns and all(a._kernel_funcs == {integrations.LAYER_NAME: layer} for a in attns)
+    shared = decorator_attaches(layer) == "global"
+    for model in (before, after):
+        assert all(type(f) is type(layer) and (f is layer) == shared for f in attached(model, cls, name))
+    copied = attached(copy.deepcopy(after), cls, name)  # a deep copy: copies of its own, of the class
+    assert all(type(f) is type(layer) and f is not layer for f in copied)
     integrations.restore_transformers()
-    assert M.apply_rotary_pos_emb_vision is original and M.Qwen3OmniMoeVisionAttention.__init__ is init
+    assert M.apply_rotary_pos_emb_vision is original and cls.__init__ is init
     assert not hasattr(build("qwen3_omni_moe", "tiny", torch.float32, "cpu")[0].blocks[0].attn, "_kernel_funcs")
 
 
 def test_attention_classes_found(kernel):
+    """The classes whose forward calls each rotary function, vision and decoder, from their code."""
+    integrations = kernel.integrations
     names = {
-        f: [c.__name__ for c in kernel.integrations._attention_classes(models.modeling_module(f))] for f in FAMILIES
+        (f, name): [c.__name__ for c in integrations._attention_classes(models.modeling_module(f), name)]
+        for f in FAMILIES
+        for name in integrations.NAMES
     }
     assert names == {
-        "qwen3_omni_moe": ["Qwen3OmniMoeVisionAttention"],
-        "qwen2_5_vl": ["Qwen2_5_VLVisionAttention"],
-        "qwen3_vl": ["Qwen3VLVisionAttention"],
+        ("qwen3_omni_moe", "apply_rotary_pos_emb_vision"): ["Qwen3OmniMoeVisionAttention"],
+        ("qwen3_omni_moe", "apply_rotary_pos_emb"): [
+            "Qwen3OmniMoeThinkerTextAttention",
+            "Qwen3OmniMoeTalkerCodePredictorAttention",
+            "Qwen3OmniMoeCode2WavAttention",
+        ],
+        ("qwen2_5_vl", "apply_rotary_pos_emb_vision"): ["Qwen2_5_VLVisionAttention"],
+        ("qwen2_5_vl", "apply_rotary_pos_emb"): ["Qwen2_5_VLAttention"],
+        ("qwen3_vl", "apply_rotary_pos_emb_vision"): ["Qwen3VLVisionAttention"],
+        ("qwen3_vl", "apply_rotary_pos_emb"): ["Qwen3VLTextAttention"],
     }
