@@ -1,0 +1,169 @@
+"""Every family of the installed transformers whose modeling module defines the decoders'
+`apply_rotary_pos_emb`: classified by the package's probes into its variant, or refused
+with an error that names it; and, classified, the function kernelized equals the family's
+own (values, output dtypes, gradients of q, k, cos and sin) on this test's own data: the
+attention's [B, H, S, D] views of one projection with GQA, tables per sequence and shared
+by the batch, bf16 q and k with float32 tables, and a partial rotary where the function
+takes it. A refused function is checked against every layer of its form on that data: none
+may compute it. On CPU (the PyTorch path; tests/test_decoder.py covers the Triton kernel
+under the interpreter), small shapes: the whole set runs in well under a minute.
+"""
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from rope_bwd_triton import models
+
+from ..reference import rel_err
+from .test_families import kernelized
+
+_DEF = re.compile(r"^def apply_rotary_pos_emb\(", re.M)
+
+
+def _defining_families() -> list:
+    base = Path(transformers.models.__path__[0])
+    return sorted(
+        d.name
+        for d in base.iterdir()
+        if (d / f"modeling_{d.name}.py").is_file() and _DEF.search((d / f"modeling_{d.name}.py").read_text())
+    )
+
+
+FAMILIES = _defining_families()
+B, S, HQ, HK, D = 2, 5, 4, 2, 16
+R = D - 6  # a partial rotary: 5 pairs, an odd number
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+def _params(fn):
+    return tuple(inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn).parameters)
+
+
+def _case_inputs(gen, dt_q, dt_k, dt_table, tables, rot, heads_first):
+    """q and k as an attention makes them (one projection, split, heads first or not), the tables."""
+    proj = torch.randn(B, S, (HQ + HK) * D, generator=gen)
+    q, k = (x.unflatten(-1, (-1, D)) for x in proj.split([HQ * D, HK * D], -1))
+    if heads_first:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = (torch.randn(tables, S, rot, generator=gen).to(dt_table) for _ in range(2))
+    return [q.to(dt_q), k.to(dt_k), cos, sin]
+
+
+# (what, q dtype, k dtype, table dtype, table batch, rotated channels, unsqueeze_dim)
+CASES = [
+    ("float32", F32, F32, F32, B, D, 1),
+    ("float32, tables shared by the batch", F32, F32, F32, 1, D, 1),
+    ("bf16 q and k, float32 tables", BF16, BF16, F32, B, D, 1),
+    ("bf16 q, float32 k and tables", BF16, F32, F32, B, D, 1),
+    ("float32, partial rotary", F32, F32, F32, B, R, 1),
+    ("float32, q and k [B, S, H, D]", F32, F32, F32, B, D, 2),
+]
+
+
+def _call(fn, single, q, k, cos, sin, unsqueeze_dim):
+    """The function's (q_embed, k_embed): a function of one tensor is called for each."""
+    kw = {} if unsqueeze_dim == 1 else {"unsqueeze_dim": unsqueeze_dim}
+    if single:
+        return fn(q, cos, sin, **kw), fn(k, cos, sin, **kw)
+    return tuple(fn(q, k, cos, sin, **kw))
+
+
+def _cases(own, single, gen):
+    """The cases own takes (it raises on shapes its models never pass): (what, inputs, dim)."""
+    taken = []
+    for what, dt_q, dt_k, dt_table, tables, rot, dim in CASES:
+        args = _case_inputs(gen, dt_q, dt_k, dt_table, tables, rot, heads_first=dim == 1)
+        try:
+            with torch.no_grad():
+                _call(own, single, *args, dim)
+        except Exception:
+            continue
+        taken.append((what, args, dim))
+    return taken
+
+
+def _mismatch(fn, own, single, cases, gen):
+    """How fn differs from own on the cases: dtypes, values or gradients (against own in float64),
+    or "" when it does not."""
+    for what, args, dim in cases:
+        leaves = [a.detach().requires_grad_() for a in args]
+        try:
+            outs = _call(fn, single, *leaves, dim)
+        except Exception as e:
+            return f"{what}: raised {type(e).__name__}: {e}"
+        with torch.no_grad():
+            want = [o.dtype for o in _call(own, single, *args, dim)]
+        if [o.dtype for o in outs] != want:
+            return f"{what}: outputs in {[o.dtype for o in outs]}, not {want}"
+        ref_leaves = [a.detach().double().requires_grad_() for a in args]
+        refs = _call(own, single, *ref_leaves, dim)
+        cot = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs]
+        grads = torch.autograd.grad(outs, leaves, cot, allow_unused=True)
+        ref_grads = torch.autograd.grad(refs, ref_leaves, [c.double() for c in cot], allow_unused=True)
+        for name, got, ref in zip(("q_embed", "k_embed"), outs, refs):
+            if rel_err(got, ref) > TOL[got.dtype]:
+                return f"{what}: {name} rel err {rel_err(got, ref):.2e}"
+        for name, got, ref, x in zip(("q", "k", "cos", "sin"), grads, ref_grads, leaves):
+            if (got is None) != (ref is None) or (got is not None and got.dtype != x.dtype):
+                return f"{what}: grad of {name} {None if got is None else got.dtype}, want {x.dtype}"
+            if got is not None and rel_err(got, ref) > TOL[got.dtype]:
+                return f"{what}: grad of {name} rel err {rel_err(got, ref):.2e}"
+    return ""
+
+
+def test_the_package_finds_every_family(kernel):
+    """find_families reads the same sources: every family defining the function (it may find
+    more: a module that only calls or imports it)."""
+    found = kernel.integrations.find_families("apply_rotary_pos_emb")
+    assert set(FAMILIES) <= set(found) and {"llama", "qwen3", "gemma2", "phi3", "qwen3_omni_moe"} <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_family(kernel, integrations, family, gen):
+    """Classified: the family's function kernelized (a copy of the module global of the class
+    make_kernelizable gives it, as kernels gives each model its own) runs the variant's layer
+    and equals the family's own function. Refused: an error naming the function, nothing
+    patched, and no layer of its form computes it (or it takes parameters no form takes)."""
+    M = models.modeling_module(family)
+    own = M.apply_rotary_pos_emb
+    qualified = f"{M.__name__}.apply_rotary_pos_emb"
+    forms = {params: form for form, params in kernel.layers.PARAMS.items() if form != "vision"}
+    form = forms.get(_params(own))
+    try:
+        variant = integrations.classify(own, qualified)
+    except ValueError as e:
+        variant, refusal = None, str(e)
+    if variant is None:
+        assert refusal.startswith(f"{qualified} matches none of the supported rotary variants"), refusal
+        if form is None:
+            assert f"it takes {_params(own)}" in refusal
+        else:
+            cases = _cases(own, form == "single", gen)
+            for v in (v for v in integrations.VARIANTS if v.form == form):
+                layer = getattr(kernel.layers, v.layer_name)()
+                assert not cases or _mismatch(layer, own, form == "single", cases, gen), (
+                    f"refused, but {v.layer_name} computes it: {refusal}"
+                )
+        with pytest.raises(ValueError, match=re.escape(qualified)):
+            integrations.make_kernelizable(families=[family])
+        assert not integrations._PATCHED and M.apply_rotary_pos_emb is own
+        return
+    assert variant.form == form and variant.layer_name in integrations.LAYER_NAMES
+    if integrations._attention_classes(M, "apply_rotary_pos_emb"):
+        integrations.make_kernelizable(families=[family])
+        assert integrations._PATCHED[family, "apply_rotary_pos_emb"].original is own
+        layer = kernelized(integrations, type(M.apply_rotary_pos_emb)(), "cpu")
+        assert layer.forward.__func__ is getattr(kernel.layers, variant.layer_name).forward
+    else:  # no class calls it by name (Jamba's attention has no rotary): nothing to patch, the layer alone
+        with pytest.raises(ValueError, match=f"no class of {re.escape(M.__name__)} calls its rotary function"):
+            integrations.make_kernelizable(families=[family])
+        layer = getattr(kernel.layers, variant.layer_name)()
+    cases = _cases(own, form == "single", gen)
+    assert cases[0][0] == "float32", f"{qualified} raised on q and k of every head and tables of every sequence"
+    assert not (mismatch := _mismatch(layer, own, form == "single", cases, gen)), mismatch
