@@ -9,6 +9,7 @@ may compute it. On CPU (the PyTorch path; tests/test_decoder.py covers the Trito
 under the interpreter), small shapes: the whole set runs in well under a minute.
 """
 
+import copy
 import inspect
 import re
 from pathlib import Path
@@ -16,11 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from kernels import Mode
 
 from rope_bwd_triton import models
 
 from ..reference import rel_err
 from .test_families import kernelized
+from .test_kernelize_transformers import assert_kernelized
 
 _DEF = re.compile(r"^def apply_rotary_pos_emb\(", re.M)
 
@@ -167,3 +170,61 @@ def test_decoder_family(kernel, integrations, family, gen):
     cases = _cases(own, form == "single", gen)
     assert cases[0][0] == "float32", f"{qualified} raised on q and k of every head and tables of every sequence"
     assert not (mismatch := _mismatch(layer, own, form == "single", cases, gen)), mismatch
+
+
+# ------------------------------------------------------------------------------ tiny models
+
+TRAINED = [*models.DECODERS, *models.WHOLE]  # Llama, Qwen3, Gemma-2, Phi-3 (partial), Qwen3-VL, Qwen3-Omni
+STEP_TOL = 1e-5  # float32 models: the kernel's rotary against transformers' through the net
+
+
+def build(family, **config):
+    """A tiny float32 model of `family` (models.py's factory, random init), its inputs, its step."""
+    if family in models.DECODERS:
+        model = models.make_decoder_model(family, **config)
+        return model, models.make_tokens(model, B, 7), models.decoder_step
+    model = models.WHOLE[family]()
+    return model, (models.whole_inputs(model),), models.whole_step
+
+
+def train_step(model, inputs, step):
+    """One step: the outputs, the loss, and every parameter's gradient (None where it gets none)."""
+    model.zero_grad(set_to_none=True)
+    out, loss = step(model, *inputs)
+    loss.backward()
+    outs = out if isinstance(out, list) else [out.logits]
+    return [o.detach() for o in outs], loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def assert_same_step(got, ref, tol=STEP_TOL):
+    (outs, loss, grads), (ref_outs, ref_loss, ref_grads) = got, ref
+    assert rel_err(loss, ref_loss) < tol, f"loss rel err {rel_err(loss, ref_loss):.2e}"
+    assert len(outs) == len(ref_outs)
+    for i, (o, r) in enumerate(zip(outs, ref_outs)):
+        assert rel_err(o, r) < tol, f"output {i}: rel err {rel_err(o, r):.2e}"
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        r = ref_grads[name]
+        assert (g is None) == (r is None), name
+        assert g is None or rel_err(g, r) < tol, f"grad of {name}: rel err {rel_err(g, r):.2e}"
+
+
+@pytest.mark.parametrize("family", TRAINED)
+def test_tiny_model_trains_as_eager(kernel, integrations, rotary_calls, family):
+    """A float32 training step of the family's tiny model kernelized with kernelize_rotary
+    (Mode.TRAINING, CPU): every attention that calls a rotary runs the package's layer of its
+    variant, and the loss, the outputs and every parameter's gradient are eager's. Qwen3-Omni:
+    its vision encoder, thinker, talker, code predictor and code2wav's transformer; Phi-3
+    rotates half of each head."""
+    eager, inputs, step = build(family)
+    model = copy.deepcopy(eager)
+    ref = train_step(eager, inputs, step)  # first: a layer shared by the family's models is then the eager one
+    integrations.kernelize_rotary(model, mode=Mode.TRAINING, device="cpu")
+    M = models.modeling_module(family)
+    want = {integrations.classify(p.original).layer_name for (f, _), p in integrations._PATCHED.items() if f == family}
+    assert_kernelized(kernel, model, *want)
+    got = train_step(model, inputs, step)
+    assert_same_step(got, ref)
+    per_step = {name: sum(map(integrations._attention_classes(M, name).__contains__, map(type, model.modules())))
+                for name in integrations.NAMES}  # fmt: skip
+    assert per_step["apply_rotary_pos_emb"] > 0 and dict(rotary_calls) == {n: c for n, c in per_step.items() if c}
