@@ -294,13 +294,18 @@ _CLASSIFIED: dict = {}  # function -> Variant
 
 
 def _attach(module, function):
-    """Give an attention module built before its class was decorated the per-instance copy of
-    `function` that `kernels.use_kernelized_func` gives the modules its decorated constructor
-    builds. kernels has no public call for a module that already exists, so this writes the
-    attribute that decorator writes (`_kernel_funcs`, keyed by the layer name): the one place
-    this package touches kernels' private state."""
+    """Give an attention module built before its class was decorated what kernels'
+    `use_kernelized_func` gives the modules its decorated constructor builds: the entry of
+    `function` in `_kernel_funcs` (the function itself with kernels 0.17, a copy of it per module
+    from 0.18 on). kernels has no public call for a module that already exists, so this builds a
+    throwaway module of a class decorated the same way and copies the entry its constructor
+    wrote: the one place this package reads or writes kernels' private state."""
+    import kernels
+
+    made = kernels.use_kernelized_func(function)(type("_Attached", (nn.Module,), {}))()
     funcs = module.__dict__.setdefault("_kernel_funcs", {})
-    funcs.setdefault(type(function).kernel_layer_name, type(function)())
+    for name, entry in made.__dict__["_kernel_funcs"].items():
+        funcs.setdefault(name, entry)
 
 
 def _plan(family: str) -> list:
