@@ -18,6 +18,7 @@ import pytest
 import torch
 import transformers
 from kernels import Mode
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from rope_bwd_triton import models
 
@@ -228,3 +229,25 @@ def test_tiny_model_trains_as_eager(kernel, integrations, rotary_calls, family):
     per_step = {name: sum(map(integrations._attention_classes(M, name).__contains__, map(type, model.modules())))
                 for name in integrations.NAMES}  # fmt: skip
     assert per_step["apply_rotary_pos_emb"] > 0 and dict(rotary_calls) == {n: c for n, c in per_step.items() if c}
+
+
+def test_compiled_decoder_has_no_graph_break_nor_recompile(kernel, integrations):
+    """A kernelized tiny Llama (Mode.TRAINING | TORCH_COMPILE) compiled whole, fullgraph: a training
+    step at two sequence lengths, the token axis marked dynamic, compiles one graph (error_on_recompile
+    on the second) whose loss and gradients are eager's. On CPU aot_eager (dynamo's graph and the
+    autograd graph, as inductor gets them; inductor would spend its time compiling C++)."""
+    eager, _, step = build("llama", num_hidden_layers=1)  # one layer: half the tracing
+    model = copy.deepcopy(eager)
+    lengths = (7, 12)
+    batches = [models.make_tokens(eager, B, n, seed=n) for n in lengths]
+    refs = [train_step(eager, ids, step) for ids in batches]
+    integrations.kernelize_rotary(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device="cpu")
+    assert_kernelized(kernel, model, "ApplyRotaryPosEmbPromoted")
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    model.compile(backend=counter, fullgraph=True)  # in place: parameter names stay eager's
+    for i, (ids, ref) in enumerate(zip(batches, refs)):
+        torch._dynamo.mark_dynamic(ids[0], 1)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            assert_same_step(train_step(model, ids, step), ref)
+    assert counter.frame_count == 1
