@@ -62,7 +62,7 @@ def _case(launch, mode, D, dtype, S, encode, R=None, interleaved=False):
     the table gradient); cos/sin [S, R] (R < D: partial rotary); strides encoded for S, or
     left as plain numbers."""
     H, R = 16, R or D
-    views, grad, out, table = (3 * H * D, D, 1), (D, S * D, 1), (H * D, D, 1), (R, 1)
+    views, grad, out, table = (3 * H * D, 0, D, 1), (D, 0, S * D, 1), (H * D, 0, D, 1), (R, 0, 1)  # by role
     big = "bf16" if dtype == torch.bfloat16 else "fp32"
     dtypes = {p: big for p in PTRS} | {p: "fp32" for p in TABLES}
     x = views if mode == "fwd" else grad
@@ -158,7 +158,7 @@ def test_every_branch_compiles(launch, monkeypatch, mode, shape, regs_first):
     adjoint, table_kind, write_q, write_k, grad_table = MODES[mode]
     D, R, interleaved, _ = SHAPES[shape]
     H, cos_sin = 4, table_kind == "cos_sin"
-    heads, table = ((H * D, D, 1), torch.bfloat16, True), ((R, 1), torch.float32, True)
+    heads, table = ((H * D, 0, D, 1), torch.bfloat16, True), ((R, 0, 1), torch.float32, True)  # by role
     used = [True, True, write_q or not adjoint, write_k or not adjoint, grad_table, grad_table]
     used += [True, cos_sin, grad_table, grad_table and cos_sin]
     layout = tuple((heads if i < 6 else table) if u else None for i, u in enumerate(used))

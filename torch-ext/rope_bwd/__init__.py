@@ -1,15 +1,23 @@
-"""rope-bwd: the rotary position embedding of transformers' vision encoders, forward and
-backward, in one fused Triton kernel (kernel.py, launched by launch.py; the ops and public
+"""rope-bwd: the rotary position embedding of transformers' vision encoders and decoders,
+forward and backward, in one fused Triton kernel (kernel.py, launched by launch.py; the ops and public
 functions in ops.py; the math in PyTorch in rotary_torch.py)."""
 
 from . import integrations, layers
-from .integrations import kernel_mapping, kernelize_vision_rotary, make_kernelizable, restore_transformers
-from .ops import apply_rotary_pos_emb_vision, rope_bwd, rope_fwd
+from .integrations import (
+    kernel_mapping,
+    kernelize_rotary,
+    kernelize_vision_rotary,
+    make_kernelizable,
+    restore_transformers,
+)
+from .ops import apply_rotary_pos_emb, apply_rotary_pos_emb_vision, rope_bwd, rope_fwd
 
 __all__ = [
+    "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_vision",
     "integrations",
     "kernel_mapping",
+    "kernelize_rotary",
     "kernelize_vision_rotary",
     "layers",
     "make_kernelizable",

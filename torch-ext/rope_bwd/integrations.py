@@ -1,20 +1,18 @@
-"""Kernelize transformers' vision rotary `apply_rotary_pos_emb_vision(q, k, cos, sin)` by
-kernel name: `make_kernelizable` makes each family's function a kernelizable layer under the
-layer name of its variant (found by evaluating the function, `classify`), `kernel_mapping`
-maps those names to this repository, `kernelize_vision_rotary` does both and kernelizes a
-model. Families are found at run time, from transformers' sources, and a function that is none
-of the variants is refused, nothing patched. The layer is a patch of the process: a model
-pickles without it. `kernels` and `transformers` are imported inside the functions: the
-package itself needs only torch.
+"""Kernelize transformers' rotary functions by kernel name, the vision encoders'
+`apply_rotary_pos_emb_vision(q, k, cos, sin)` and the decoders' `apply_rotary_pos_emb(q, k,
+cos, sin, unsqueeze_dim=1)`: `make_kernelizable` makes each family's function a kernelizable
+layer under the layer name of its variant (found by evaluating the function, `classify`),
+through kernels' `use_kernel_forward_from_hub` and `use_kernelized_func`; `kernel_mapping` maps
+those names, and transformers' own hook "rotary_pos_emb", to this repository;
+`kernelize_rotary` does both and kernelizes a model. Families are found at run time, from
+transformers' sources, and a function that is none of the variants is refused, nothing
+patched. `kernels` and `transformers` are imported inside the functions: the package itself
+needs only torch.
 """
 
-import copy
-import functools
 import importlib
 import inspect
 import os
-import pkgutil
-import sys
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -24,26 +22,42 @@ from torch import nn
 
 from . import rotary_torch
 
-LAYER_NAME = "ApplyRotaryPosEmbVision"  # the variant of most families (halves, dtypes kept)
 REPO_ID = "rope-bwd/rope-bwd"
-_FUNC_NAME = "apply_rotary_pos_emb_vision"
-_SIGNATURE = ("q", "k", "cos", "sin")
+HOOK = "rotary_pos_emb"  # transformers' own layer name for the decoders' Llama-like rotary
+
+
+class Form(NamedTuple):
+    """A transformers rotary function: its name, parameters, and the layers' name stem."""
+
+    name: str
+    params: tuple
+    stem: str
+
+
+VISION = Form("apply_rotary_pos_emb_vision", ("q", "k", "cos", "sin"), "ApplyRotaryPosEmbVision")
+DECODER = Form("apply_rotary_pos_emb", ("q", "k", "cos", "sin", "unsqueeze_dim"), "ApplyRotaryPosEmb")
+FORMS = (VISION, DECODER)
 
 
 class Variant(NamedTuple):
     """What a family's rotary computes: a rotation over the first cos.shape[-1] channels (the rest
-    passed through) and a dtype rule (`classify` tells them)."""
+    passed through) and a dtype rule (`classify` tells them), for a function of `form`."""
 
+    form: Form
     interleaved: bool  # pairs (2i, 2i+1) rotated; else the two halves
     promotes: bool  # outputs in the promotion of q's (k's) dtype with cos's and sin's; else q's (k's)
 
     @property
     def layer_name(self) -> str:
-        return LAYER_NAME + "Interleaved" * self.interleaved + "Promoted" * self.promotes
+        """The layers.py class of the variant, also its layer name for kernels."""
+        return self.form.stem + "Interleaved" * self.interleaved + "Promoted" * self.promotes
 
 
-VARIANT_LAYERS = {v: v.layer_name for v in (Variant(i, p) for i in (False, True) for p in (False, True))}
-LAYER_NAMES = tuple(VARIANT_LAYERS.values())
+# The one classification table: per form, its variants in the order `classify` prefers them.
+VARIANTS = tuple(Variant(f, i, p) for f in FORMS for i in (False, True) for p in (False, True))
+LAYER_NAMES = tuple(v.layer_name for v in VARIANTS)
+LAYER_NAME = VARIANTS[0].layer_name  # the vision variant of most families (halves, dtypes kept)
+HOOK_VARIANT = Variant(DECODER, False, True)  # Llama's body: what transformers' hook name stands for
 _VARIANTS_TEXT = (
     "rotate_half or rotate_pairwise over the first cos.shape[-1] channels, the rest passed through; "
     "each output in its input's dtype or in its promotion with cos and sin"
@@ -52,39 +66,48 @@ _VARIANTS_TEXT = (
 
 class _Patch(NamedTuple):
     module: object  # the modeling module
-    original: object  # its apply_rotary_pos_emb_vision
-    layer: nn.Module  # the module global while patched
-    inits: dict  # attention class -> its own __init__ before the patch, or None
+    form: Form
+    original: object  # its function (transformers' kernels layer, for a function it marks)
+    function: object  # the module global while patched
+    classes: dict  # attention class -> its own (__init__, forward) before the patch, None if untouched
+    layer_name: str  # the layer name the function had (marked by transformers), or None
 
 
-_PATCHED: dict = {}  # family -> _Patch
+_PATCHED: dict = {}  # (family, form name) -> _Patch
 
 
 def _module_name(family: str) -> str:
     return f"transformers.models.{family}.modeling_{family}"
 
 
-def find_families() -> tuple:
-    """The families of the installed transformers whose modeling module names
-    `apply_rotary_pos_emb_vision`, read from its sources (nothing imported). Candidates:
-    each is classified when it is patched."""
+def _defines(source: bytes, form: Form) -> bool:
+    return f"{form.name}(".encode() in source
+
+
+def find_families(form: Form = None) -> tuple:
+    """The families of the installed transformers whose modeling module names a rotary function
+    (of `form`, or of any), read from its sources (nothing imported). Candidates: each is
+    classified when it is patched."""
     import transformers.models
 
     paths = tuple(transformers.models.__path__)
     if paths not in _FOUND:
-        needle = _FUNC_NAME.encode()
-        _FOUND[paths] = tuple(
-            sorted(
-                d.name
-                for p in paths
-                for d in Path(p).iterdir()
-                if (d / f"modeling_{d.name}.py").is_file() and needle in (d / f"modeling_{d.name}.py").read_bytes()
-            )
-        )
-    return _FOUND[paths]
+        found = {f: [] for f in FORMS}
+        for p in paths:
+            for d in sorted(Path(p).iterdir()):
+                path = d / f"modeling_{d.name}.py"
+                if path.is_file():
+                    source = path.read_bytes()
+                    for f in FORMS:
+                        if _defines(source, f):
+                            found[f].append(d.name)
+        _FOUND[paths] = {f: tuple(names) for f, names in found.items()}
+    if form is not None:
+        return _FOUND[paths][form]
+    return tuple(sorted(set().union(*_FOUND[paths].values())))
 
 
-_FOUND: dict = {}  # transformers.models' path -> find_families()
+_FOUND: dict = {}  # transformers.models' path -> {form: families}
 
 
 def _modeling_module(family: str):
@@ -96,21 +119,21 @@ def _modeling_module(family: str):
         if not name.startswith(str(e.name)):
             raise  # a dependency the module needs, not the family
         raise ValueError(
-            f"transformers has no family {family!r} ({name} not found); families with a vision rotary: "
+            f"transformers has no family {family!r} ({name} not found); families with a rotary: "
             f"{', '.join(find_families())}"
         ) from None
-    if not hasattr(module, _FUNC_NAME):
-        raise ValueError(f"{name} has no {_FUNC_NAME}")
+    if not any(hasattr(module, f.name) for f in FORMS):
+        raise ValueError(f"{name} has no {' or '.join(f.name for f in FORMS)}")
     return module
 
 
-def _calls_rotary(cls) -> bool:
+def _calls(cls, form: Form) -> bool:
     code = getattr(inspect.unwrap(getattr(cls, "forward", None)), "__code__", None)
-    return code is not None and _FUNC_NAME in code.co_names
+    return code is not None and form.name in code.co_names
 
 
-def _attention_classes(module) -> list:
-    """Classes of `module` whose forward calls the module's global rotary function
+def _attention_classes(module, form: Form) -> list:
+    """Classes of `module` whose forward calls the module's global rotary function of `form`
     (found from the bytecode's global names, so no class name is hard-coded)."""
     return [
         cls
@@ -118,27 +141,28 @@ def _attention_classes(module) -> list:
         if inspect.isclass(cls)
         and issubclass(cls, nn.Module)
         and cls.__module__ == module.__name__
-        and _calls_rotary(cls)
+        and _calls(cls, form)
     ]
 
 
-def _family_of(cls):
-    """The family whose rotary instances of `cls` call, or None."""
+def _family_forms(cls):
+    """(family, forms) whose rotary instances of `cls` call, or None."""
     parts = cls.__module__.split(".")
     if len(parts) != 4 or parts[:2] != ["transformers", "models"] or parts[3] != f"modeling_{parts[2]}":
         return None
-    module = sys.modules.get(cls.__module__)
-    return parts[2] if hasattr(module, _FUNC_NAME) and _calls_rotary(cls) else None
+    module = importlib.sys.modules.get(cls.__module__)
+    forms = [f for f in FORMS if hasattr(module, f.name) and _calls(cls, f)]
+    return (parts[2], forms) if forms else None
 
 
 def families_in(*models) -> list:
-    """The families whose vision rotary some module of `models` calls, in order of appearance."""
+    """The families whose rotary some module of `models` calls, in order of appearance."""
     found = {}
     for model in models:
         for cls in dict.fromkeys(type(m) for m in model.modules()):
-            family = _family_of(cls)
-            if family is not None:
-                found[family] = None
+            hit = _family_forms(cls)
+            if hit is not None:
+                found[hit[0]] = None
     return list(found)
 
 
@@ -155,21 +179,33 @@ _DTYPES = (  # (q, k, cos and sin)
     (torch.float32, torch.bfloat16, torch.bfloat16),
     (torch.bfloat16,) * 3,
 )
-_PROBES = (  # (leading dims of q and k, table width, dtypes)
-    *(((_S,), _D, d) for d in _DTYPES),
-    *(((2, _S), _D, d) for d in _DTYPES),
-    ((_S,), _R, _DTYPES[0]),
-)
+_PROBES = {  # form -> (leading dims of q and k as [..., S, H, D], of the tables, table width, dtypes)
+    VISION: (
+        *(((_S,), (), _D, d) for d in _DTYPES),
+        *(((2, _S), (), _D, d) for d in _DTYPES),
+        ((_S,), (), _R, _DTYPES[0]),
+    ),
+    DECODER: (  # q/k passed as [B, H, S, D], the tables [B, S, R] or shared [1, S, R]
+        *(((2, _S), (2,), _D, d) for d in _DTYPES),
+        ((2, _S), (1,), _D, _DTYPES[0]),
+        ((2, _S), (2,), _R, _DTYPES[0]),
+    ),
+}
 _TOL_FLOAT64 = 1e-4  # most families compute in float32 even on float64 inputs
 _TOL_BF16 = 3e-2  # a few bf16 roundings (2^-9 each) of the largest value
 
 
-def _probe_inputs(gen, lead, rot, dtypes):
+def _probe_inputs(gen, lead, table_lead, rot, dtypes):
     def rnd(*shape, dtype):
         return torch.randn(*shape, generator=gen, dtype=torch.float64, device="cpu").to(dtype)
 
     q, k = rnd(*lead, _HQ, _D, dtype=dtypes[0]), rnd(*lead, _HK, _D, dtype=dtypes[1])
-    return q, k, rnd(_S, rot, dtype=dtypes[2]), rnd(_S, rot, dtype=dtypes[2])
+    return q, k, rnd(*table_lead, _S, rot, dtype=dtypes[2]), rnd(*table_lead, _S, rot, dtype=dtypes[2])
+
+
+def _heads_first(form, x):
+    """q or k as a function of `form` takes it, from [..., S, H, D], and back."""
+    return x.transpose(-3, -2) if form is DECODER else x
 
 
 def _max_err(outs, refs) -> float:
@@ -179,18 +215,20 @@ def _max_err(outs, refs) -> float:
     return err / max(max(r.abs().max().item() for r in refs), 1e-30)
 
 
-def _call(fn, args):
-    """fn's outputs, None when it raises (a call its model never makes), or a ValueError's
-    text when they are not two tensors shaped like q and k."""
+def _call(fn, form, args):
+    """fn's outputs as [..., S, H, D], None when it raises (a call its model never makes), or a
+    ValueError's text when they are not two tensors shaped like q and k."""
+    q, k, cos, sin = args
+    q, k = _heads_first(form, q), _heads_first(form, k)
     try:
-        outs = fn(*args)
+        outs = fn(q, k, cos, sin)
     except Exception:
         return None
     if not (isinstance(outs, (tuple, list)) and len(outs) == 2 and all(isinstance(o, torch.Tensor) for o in outs)):
         return f"returned {type(outs).__name__}, not (q_embed, k_embed)"
-    if tuple(outs[0].shape) != tuple(args[0].shape) or tuple(outs[1].shape) != tuple(args[1].shape):
+    if tuple(outs[0].shape) != tuple(q.shape) or tuple(outs[1].shape) != tuple(k.shape):
         return f"returned shapes {[tuple(o.shape) for o in outs]}, not those of q and k"
-    return outs
+    return [_heads_first(form, o) for o in outs]
 
 
 def _mismatch(variant, args, outs, cot, grads) -> str:
@@ -213,31 +251,38 @@ def _mismatch(variant, args, outs, cot, grads) -> str:
     return "" if err <= (_TOL_FLOAT64 if exact else _TOL_BF16) else f"relative error {err:.2g} in values or gradients"
 
 
+def _params(function):
+    """The parameter names of a function, or of a kernels layer's forward; None if unknown."""
+    try:
+        return tuple(inspect.signature(function.forward if isinstance(function, nn.Module) else function).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
 def classify(function, name: str = None) -> Variant:
-    """The variant that `function` (an `apply_rotary_pos_emb_vision`) computes, from small
-    random probes against the package's math: every probe it does not raise on must match
-    the variant, values, gradients of q, k, cos and sin (float64) and output dtypes, and it
-    must run at least one full-rotary probe. The first variant of `VARIANT_LAYERS` that
-    matches, so dtypes kept where no probe tells the rule. A ValueError saying what differed
-    when none does; `name` names the function there."""
+    """The variant that `function` (an `apply_rotary_pos_emb_vision` or `apply_rotary_pos_emb`,
+    told by its parameters) computes, from small random probes against the package's math:
+    every probe it does not raise on must match the variant, values, gradients of q, k, cos
+    and sin (float64) and output dtypes, and it must run at least one full-rotary probe. The
+    first variant of `VARIANTS` that matches, so dtypes kept where no probe tells the rule. A
+    ValueError saying what differed when none does; `name` names the function there."""
     if function in _CLASSIFIED:
         return _CLASSIFIED[function]
     name = name or getattr(function, "__qualname__", repr(function))
     prefix = f"{name} matches none of the supported rotary variants ({_VARIANTS_TEXT})"
-    try:
-        params = tuple(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        params = None
-    if params != _SIGNATURE:
-        raise ValueError(f"{prefix}: it takes {params}, not {_SIGNATURE}")
+    params = _params(function)
+    form = next((f for f in FORMS if f.params == params), None)
+    if form is None:
+        raise ValueError(f"{prefix}: it takes {params}, not {' or '.join(str(f.params) for f in FORMS)}")
     gen = torch.Generator().manual_seed(0)
-    why = dict.fromkeys(VARIANT_LAYERS, "")  # variant -> the first probe it failed, and how
+    why = {v: "" for v in VARIANTS if v.form is form}  # variant -> the first probe it failed, and how
     ran_full = False
-    for lead, rot, dtypes in _PROBES:
-        args = _probe_inputs(gen, lead, rot, dtypes)
-        what = f"q {list(args[0].shape)} {dtypes[0]}, k {dtypes[1]}, cos/sin {list(args[2].shape)} {dtypes[2]}"
+    for lead, table_lead, rot, dtypes in _PROBES[form]:
+        args = _probe_inputs(gen, lead, table_lead, rot, dtypes)
+        q_shape = list(_heads_first(form, args[0]).shape)
+        what = f"q {q_shape} {dtypes[0]}, k {dtypes[1]}, cos/sin {list(args[2].shape)} {dtypes[2]}"
         exact = dtypes[0] == torch.float64
-        outs = _call(function, [a.requires_grad_(exact) for a in args])
+        outs = _call(function, form, [a.requires_grad_(exact) for a in args])
         if isinstance(outs, str) or (exact and outs is not None and not all(o.requires_grad for o in outs)):
             raise ValueError(f"{prefix}: {what}: {outs or 'its outputs carry no gradient'}")
         if outs is None:
@@ -264,103 +309,61 @@ def classify(function, name: str = None) -> Variant:
 _CLASSIFIED: dict = {}  # function -> Variant
 
 
-# ------------------------------------------------------------------- the layers
+# ------------------------------------------------------------------- patching
 
 
-class _TransformersRotary(nn.Module):
-    """transformers' `apply_rotary_pos_emb_vision` of one family as a kernelizable layer,
-    through the subclass of its variant (kernels reads the layer name from the class).
-    One instance per family, the module global: pickled, it is that global by name (on
-    loading, transformers' function, or this process's layer while patched); deep-copied,
-    itself (what a copied model's attention calls)."""
-
-    def __init__(self, module_name: str, function):
-        super().__init__()
-        self.module_name, self.function = module_name, function
-
-    def forward(self, q, k, cos, sin):
-        return self.function(q, k, cos, sin)
-
-    def __reduce__(self):
-        return pkgutil.resolve_name, (f"{self.module_name}:{_FUNC_NAME}",)
-
-    def __deepcopy__(self, memo):
-        return self
+def _attach(module, function):
+    """Give an attention module built before its class was decorated the per-instance copy of
+    `function` that `kernels.use_kernelized_func` gives the modules its decorated constructor
+    builds. kernels has no public call for a module that already exists, so this writes the
+    attribute that decorator writes (`_kernel_funcs`, keyed by the layer name): the one place
+    this package touches kernels' private state."""
+    funcs = module.__dict__.setdefault("_kernel_funcs", {})
+    funcs.setdefault(type(function).kernel_layer_name, type(function)())
 
 
-# One class per variant: kernels keys layers by the class attribute kernel_layer_name.
-_ROTARY_CLASSES = {
-    v: type(f"_Transformers{name}", (_TransformersRotary,), {"__module__": __name__})
-    for v, name in VARIANT_LAYERS.items()
-}
-
-
-class _KernelFuncs(dict):
-    """The `_kernel_funcs` of an attention module, holding our layer: pickled, a plain dict
-    without it (a loaded model needs neither this package nor the patch, and kernelize
-    finds no stale layer there); copied, with it."""
-
-    def __reduce__(self):
-        return dict, ([(k, v) for k, v in self.items() if not isinstance(v, _TransformersRotary)],)
-
-    def __copy__(self):
-        return _KernelFuncs(self)
-
-    def __deepcopy__(self, memo):
-        return _KernelFuncs({k: copy.deepcopy(v, memo) for k, v in self.items()})
-
-
-def _attach(module, layer):
-    """Put `layer` in module._kernel_funcs, where kernelize looks (kernels.use_kernelized_func's
-    key, the layer name)."""
-    funcs = module.__dict__.get("_kernel_funcs")
-    if not isinstance(funcs, _KernelFuncs):
-        funcs = module.__dict__["_kernel_funcs"] = _KernelFuncs(funcs or {})
-    funcs[type(layer).kernel_layer_name] = layer
-
-
-def _attach_on_init(cls, layer):
-    """Attach `layer` to every instance of `cls` built from now on."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        _attach(self, layer)
-
-    cls.__init__ = __init__
-
-
-def _plan(family: str):
-    """(module, original, variant, attention classes) of `family`, checked; nothing patched.
-    A ValueError when it cannot be."""
+def _plan(family: str) -> list:
+    """[(module, form, original, variant, attention classes)] of `family`'s rotary functions,
+    classified; nothing patched. A ValueError when one cannot be patched."""
     module = _modeling_module(family)
-    original = getattr(module, _FUNC_NAME)
-    variant = classify(original, f"{module.__name__}.{_FUNC_NAME}")
-    classes = _attention_classes(module)
-    if not classes:
-        raise ValueError(f"no class of {module.__name__} calls {_FUNC_NAME}")
-    return module, original, variant, classes
+    plans = []
+    for form in FORMS:
+        original = getattr(module, form.name, None)
+        if original is None or not _attention_classes(module, form):
+            continue
+        variant = classify(original, f"{module.__name__}.{form.name}")
+        plans.append((module, form, original, variant, _attention_classes(module, form)))
+    if not plans:
+        raise ValueError(f"no class of {module.__name__} calls its rotary function")
+    return plans
 
 
-def _patch(family: str, plan) -> _Patch:
+def _patch(family: str, plan) -> None:
+    """Make the family's function a kernelizable layer under its variant's layer name, by kernels'
+    decorators: a function transformers marks itself (its hook "rotary_pos_emb") keeps its layer
+    class and attention classes, renamed when it is not Llama's variant; any other is decorated,
+    and its attention classes with it."""
     import kernels
 
-    module, original, variant, classes = plan
-    rotary_cls = _ROTARY_CLASSES[variant]
-    kernels.replace_kernel_forward_from_hub(rotary_cls, variant.layer_name)
-    layer = rotary_cls(module.__name__, original)
-    inits = {cls: cls.__dict__.get("__init__") for cls in classes}
-    for cls in classes:
-        _attach_on_init(cls, layer)
-    setattr(module, _FUNC_NAME, layer)
-    _PATCHED[family] = _Patch(module, original, layer, inits)
-    return _PATCHED[family]
+    module, form, original, variant, classes = plan
+    name = HOOK if variant == HOOK_VARIANT else variant.layer_name
+    marked = getattr(original, "kernel_layer_name", None)
+    if marked is not None:
+        kernels.replace_kernel_forward_from_hub(type(original), name)
+        function, saved = original, {}
+    else:
+        function = kernels.use_kernel_forward_from_hub(name)(original)
+        function.can_torch_compile = True
+        saved = {cls: (cls.__dict__.get("__init__"), cls.__dict__.get("forward")) for cls in classes}
+        for cls in classes:
+            kernels.use_kernelized_func(function)(cls)
+        setattr(module, form.name, function)
+    _PATCHED[family, form.name] = _Patch(module, form, original, function, saved, marked)
 
 
 def make_kernelizable(*models, families=None) -> list:
-    """Make transformers' `apply_rotary_pos_emb_vision` of `families` a kernelizable layer
-    under the layer name of its variant (idempotent); returns the families patched.
+    """Make transformers' rotary functions of `families` (vision and decoder) kernelizable layers
+    under the layer name of their variant (idempotent); returns the families patched.
 
     families: names (`find_families()` lists them); by default those of `models`, or,
     without models, every family of the installed transformers (those whose function is
@@ -370,11 +373,12 @@ def make_kernelizable(*models, families=None) -> list:
     if families is None and models:
         families = families_in(*models)
         if not families:
-            raise ValueError(f"no module of the models calls a transformers {_FUNC_NAME}")
+            raise ValueError(f"no module of the models calls a transformers {' or '.join(f.name for f in FORMS)}")
+    done = {family for family, _ in _PATCHED}
     if families is None:
         plans, skipped = {}, []
         for family in find_families():
-            if family not in _PATCHED:
+            if family not in done:
                 try:
                     plans[family] = _plan(family)
                 except (ValueError, ImportError) as e:  # ImportError: a dependency only that family needs
@@ -383,38 +387,44 @@ def make_kernelizable(*models, families=None) -> list:
             warnings.warn("left as transformers has them:\n" + "\n".join(skipped), stacklevel=2)
     else:
         families = [families] if isinstance(families, str) else list(families)
-        plans = {f: _plan(f) for f in dict.fromkeys(families) if f not in _PATCHED}
-    for family, plan in plans.items():
-        _patch(family, plan)
+        plans = {f: _plan(f) for f in dict.fromkeys(families) if f not in done}
+    for family, family_plans in plans.items():
+        for plan in family_plans:
+            _patch(family, plan)
     if families is None:
-        families = [f for f in find_families() if f in _PATCHED]
-    attached = {cls: p.layer for p in _PATCHED.values() for cls in p.inits}
+        families = list(dict.fromkeys(family for family, _ in _PATCHED))
+    functions = {cls: p.function for p in _PATCHED.values() for cls in _attention_classes(p.module, p.form)}
     for model in models:
         for sub in model.modules():
-            layer = attached.get(type(sub))
-            if layer is not None:
-                _attach(sub, layer)
+            if type(sub) in functions:
+                _attach(sub, functions[type(sub)])
     return families
 
 
 def restore_transformers() -> None:
-    """Undo make_kernelizable: original functions and attention constructors back.
-    Models built while patched keep the layer in their `_kernel_funcs` (not pickled);
-    their forward calls the original function again."""
+    """Undo make_kernelizable: original functions, layer names and attention classes back.
+    Models built while patched keep their copies of the layer; their forward calls the
+    original function again."""
+    import kernels
+
     for patch in _PATCHED.values():
-        setattr(patch.module, _FUNC_NAME, patch.original)
-        for cls, init in patch.inits.items():
-            if init is None:
-                delattr(cls, "__init__")
-            else:
-                cls.__init__ = init
+        if patch.layer_name is not None:
+            kernels.replace_kernel_forward_from_hub(type(patch.original), patch.layer_name)
+        setattr(patch.module, patch.form.name, patch.original)
+        for cls, own in patch.classes.items():
+            for attr, value in zip(("__init__", "forward"), own):
+                if value is None:
+                    delattr(cls, attr)
+                else:
+                    setattr(cls, attr, value)
     _PATCHED.clear()
 
 
 def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_code=True) -> dict:
-    """The mapping for `kernels.register_kernel_mapping` / `use_kernel_mapping`: every
-    layer name of `LAYER_NAMES` from `repo_id`, for CUDA and CPU, in every mode (the
-    layers have a backward and compile without graph breaks).
+    """The mapping for `kernels.register_kernel_mapping` / `use_kernel_mapping`: every layer
+    name of `LAYER_NAMES`, and transformers' own "rotary_pos_emb" (Llama's variant), from
+    `repo_id`, for CUDA and CPU, in every mode (the layers have a backward and compile
+    without graph breaks).
 
     When LOCAL_KERNELS names `repo_id` (a checkout, or hub CI's build), the layers come
     from there through kernels' LocalLayerRepository, as get_kernel's lookup does: a
@@ -433,10 +443,11 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
         return LayerRepository(repo_id, layer_name=name, version=version, trust_remote_code=trust_remote_code)
 
     modes = [Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING | Mode.TORCH_COMPILE]
+    names = {name: name for name in LAYER_NAMES} | {HOOK: HOOK_VARIANT.layer_name}
     mapping = {}
-    for name in LAYER_NAMES:
+    for key, name in names.items():
         layer_repo = repo(name)
-        mapping[name] = {device: {mode: layer_repo for mode in modes} for device in ("cuda", "cpu")}
+        mapping[key] = {device: {mode: layer_repo for mode in modes} for device in ("cuda", "cpu")}
     return mapping
 
 
@@ -447,13 +458,18 @@ def _local_kernel_path(repo_id: str):
     return {repo: Path(path) for repo, path in entries}.get(repo_id)
 
 
-def kernelize_vision_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, version: int = 1, **kernelize_kwargs):
-    """make_kernelizable for the families found in `model` (ValueError if there are none, or
-    one is none of the variants: then nothing is patched), then `kernels.kernelize` under
-    `kernel_mapping(repo_id, version=version)` (added to any mapping already registered).
-    Returns the model, as kernelize does."""
+def kernelize_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, version: int = 1, **kernelize_kwargs):
+    """make_kernelizable for the families found in `model`, vision encoders' and decoders'
+    (ValueError if there are none, or one is none of the variants: then nothing is patched),
+    then `kernels.kernelize` under `kernel_mapping(repo_id, version=version)` (added to any
+    mapping already registered): one call swaps every rotary of a Qwen3-Omni. Returns the
+    model, as kernelize does."""
     import kernels
 
     make_kernelizable(model)
     with kernels.use_kernel_mapping(kernel_mapping(repo_id, version=version)):
         return kernels.kernelize(model, mode=mode, device=device, **kernelize_kwargs)
+
+
+# The name of the first release of version 1, which served the vision encoders alone.
+kernelize_vision_rotary = kernelize_rotary

@@ -1,7 +1,9 @@
 """The rotary embedding's Triton kernel, forward and backward (launch.py launches it).
 
-One program owns BLOCK_S tokens x BLOCK_D rotated pairs, for every head of q and k, BLOCK_R // 2
-heads of each side at a time. Per pair (x1, x2) and table pairs (c1, c2), (s1, s2)
+One program owns BLOCK_S tokens of one sequence x BLOCK_D rotated pairs, for every head of q and
+k, BLOCK_R // 2 heads of each side at a time. Tensors are [B, S, H, D] (tables [B, S, R]) with a
+stride per axis; a batch of one has batch strides 0 (BATCHED off), and a table shared by the
+batch has batch stride 0. Per pair (x1, x2) and table pairs (c1, c2), (s1, s2)
 (rotary_torch.py states the math):
     forward:  y1 = x1*c1 - x2*s1      y2 = x2*c2 + x1*s2
     adjoint:  y1 = x1*c1 + x2*s2      y2 = x2*c2 - x1*s1
@@ -180,7 +182,7 @@ def _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_
 @triton.jit(do_not_specialize=["seq_len"])
 def rotary_kernel(
     # fmt: off
-    # Rotated inputs [S, HQ, D], [S, HK, D]: q, k (forward) or grad_q_embed, grad_k_embed (backward)
+    # Rotated inputs [B, S, HQ, D], [B, S, HK, D]: q, k (forward) or grad_q_embed, grad_k_embed (backward)
     in_q_ptr,
     in_k_ptr,
     # Outputs shaped as the inputs: q_embed, k_embed (forward) or grad_q, grad_k (backward)
@@ -189,12 +191,23 @@ def rotary_kernel(
     # Backward with the table gradient only: q and k
     q_ptr,
     k_ptr,
-    # Table [S, R]: the angles (ANGLES; sin_ptr unused) or cos, sin; and its gradient
+    # Table [B, S, R]: the angles (ANGLES; sin_ptr unused) or cos, sin; and its gradient
     table_ptr,
     sin_ptr,
     grad_table_ptr,
     grad_sin_ptr,
     seq_len,
+    # Batch strides, in elements (see _stride); all 0 for one sequence
+    stride_in_q_batch: tl.constexpr,
+    stride_in_k_batch: tl.constexpr,
+    stride_out_q_batch: tl.constexpr,
+    stride_out_k_batch: tl.constexpr,
+    stride_q_batch: tl.constexpr,
+    stride_k_batch: tl.constexpr,
+    stride_table_batch: tl.constexpr,
+    stride_sin_batch: tl.constexpr,
+    stride_grad_table_batch: tl.constexpr,
+    stride_grad_sin_batch: tl.constexpr,
     # Sizes: heads, rotated pairs per head (R / 2), channels past them (D - R) and their power of 2
     HQ: tl.constexpr,
     HK: tl.constexpr,
@@ -240,7 +253,8 @@ def rotary_kernel(
     WRITE_Q: tl.constexpr,
     WRITE_K: tl.constexpr,
     GRAD_TABLE: tl.constexpr,
-    # Code generation (launch.py)
+    # Several sequences (a batch stride is not 0); code generation (launch.py)
+    BATCHED: tl.constexpr,
     ROW_STORE: tl.constexpr,
     REGS_FIRST: tl.constexpr,
     # fmt: on
@@ -260,8 +274,24 @@ def rotary_kernel(
     stride_grad_table_dim = _stride(seq_len, stride_grad_table_dim)
     stride_grad_sin_dim = _stride(seq_len, stride_grad_sin_dim)
 
+    pid_s = tl.program_id(0)
+    if BATCHED:  # programs 0 .. B * cdiv(S, BLOCK_S) - 1: the batch's sequences one after the other
+        n_tiles = tl.cdiv(seq_len, BLOCK_S)
+        b = pid_s // n_tiles
+        pid_s -= b * n_tiles
+        b = b.to(tl.int64)
+        in_q_ptr += b * _stride(seq_len, stride_in_q_batch)
+        in_k_ptr += b * _stride(seq_len, stride_in_k_batch)
+        out_q_ptr += b * _stride(seq_len, stride_out_q_batch)
+        out_k_ptr += b * _stride(seq_len, stride_out_k_batch)
+        q_ptr += b * _stride(seq_len, stride_q_batch)
+        k_ptr += b * _stride(seq_len, stride_k_batch)
+        table_ptr += b * _stride(seq_len, stride_table_batch)
+        sin_ptr += b * _stride(seq_len, stride_sin_batch)
+        grad_table_ptr += b * _stride(seq_len, stride_grad_table_batch)
+        grad_sin_ptr += b * _stride(seq_len, stride_grad_sin_batch)
     pid_d = tl.program_id(1)
-    s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+    s = pid_s.to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     j = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_sj = (s[:, None] < seq_len) & (j[None, :] < HALF)
     if INTERLEAVED:  # the channels of the pairs' elements in a table row

@@ -1,8 +1,9 @@
 """Launches of kernel.rotary_kernel: the configuration, the constexprs, the grid.
 
-Compiled once per layout, never per sequence length: the only runtime arguments are the
-pointers and seq_len, and a stride that grows with S (the heads of sdpa's [1, H, S, D]
-gradient seen as [S, H, D]) is passed as the constexpr -a for a*S (`encode_strides`). Eager
+Compiled once per layout, never per sequence length or batch size: the only runtime arguments
+are the pointers and seq_len, the batch is the grid's, and a stride that grows with S (the heads
+of sdpa's [B, H, S, D] gradient seen as [B, S, H, D], the batch of most tensors) is passed as the
+constexpr -a for a*S (`encode_strides`). Eager
 calls find a cached plan by layout and launch through fast_launch where it works, else
 through `rotary_kernel[grid]`; calls traced by torch.compile through wrap_triton.
 """
@@ -29,7 +30,8 @@ def launch_fwd(*, q, k, q_out, k_out, cos=None, sin=None, angles=None, interleav
     """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles`.
 
     q [S, HQ, D], k [S, HK, D]; tables [S, R], R even, R <= D (channels R.. pass through);
-    any strides; float32/bfloat16/float16, math in float32, each output in its own dtype.
+    or batched: q [B, S, HQ, D], k [B, S, HK, D], tables [B, S, R] or [1, S, R]; any strides;
+    float32/bfloat16/float16, math in float32, each output in its own dtype.
     interleaved: pairs (2j, 2j + 1), else (j, j + R/2). config: {BLOCK_S, BLOCK_D, BLOCK_R,
     num_warps}, or None for tuning.get_config's. Runs on the tensors' device.
     """
@@ -56,7 +58,7 @@ def launch_bwd(
 ):
     """The backward of launch_fwd: grad_q, grad_k (the adjoint rotation of the upstream gradients)
     where given; with q and k given, the table gradient, into grad_angles or grad_cos and
-    grad_sin. What is not given is neither read nor written."""
+    grad_sin (shaped [B, S, R] when q is batched). What is not given is neither read nor written."""
     table = angles if angles is not None else cos
     grad_table = grad_angles if angles is not None else grad_cos
     tensors = (grad_q_embed, grad_k_embed, grad_q, grad_k, q, k, table, sin, grad_table, grad_sin)
@@ -65,8 +67,8 @@ def launch_bwd(
 
 def _launch(tensors, adjoint, interleaved, config):
     x_q, x_k = tensors[0], tensors[1]
-    S = x_q.shape[0]
-    if S == 0:
+    B, S = (x_q.shape[0], x_q.shape[1]) if x_q.dim() == 4 else (1, x_q.shape[0])
+    if S == 0 or B == 0:
         return
     device = x_q.device
     if (
@@ -78,17 +80,19 @@ def _launch(tensors, adjoint, interleaved, config):
         with torch.cuda.device(device):  # Triton launches on the current device
             return _launch(tensors, adjoint, interleaved, config)
     # Head counts and head_dim are constexprs: ints, specialized where a trace has them symbolic.
-    HQ, HK, D, R = int(x_q.shape[1]), int(x_k.shape[1]), int(x_q.shape[2]), int(tensors[6].shape[1])
+    HQ, HK, D, R = int(x_q.shape[-2]), int(x_k.shape[-2]), int(x_q.shape[-1]), int(tensors[6].shape[-1])
     if config is None:
         mode = "fwd" if not adjoint else ("bwd" if tensors[8] is not None else "bwd_qk")
         layout = "sdpa" if adjoint and _heads_outside(x_q) else ""
-        config = tuning.get_config(mode, _size_hint(S), HQ, HK, R, x_q.element_size(), device, layout)
+        # The batch's tokens: what sets the number of programs
+        tokens = _size_hint(B) * _size_hint(S)
+        config = tuning.get_config(mode, tokens, HQ, HK, R, x_q.element_size(), device, layout)
     if type(x_q) is not torch.Tensor:
         _launch_traced(tensors, (HQ, HK, D, R), adjoint, interleaved, config)
         return
     ptrs, layout = _key(tensors, S)
     plan = _plan(HQ, HK, D, R, adjoint, interleaved, layout, tuple(config.items()), device.index)
-    grid = (-(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
+    grid = (B * -(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
     if plan.fast is None and fast_launch.ENABLED and _JIT:
         fast_launch.start_up()
         compiled = rotary_kernel.warmup(*_pointer_args(tensors), S, grid=grid, **plan.consts)
@@ -122,16 +126,26 @@ def _size_hint(n) -> int:
 
 
 def _heads_outside(x) -> bool:
-    """Whether x [S, H, D] has its heads laid out outside its tokens, as sdpa's gradient: the
-    backward has configurations of its own there. Read from size hints: no guard."""
-    S, H, st_s, st_h = (_size_hint(n) for n in (*x.shape[:2], *x.stride()[:2]))
+    """Whether x [(B,) S, H, D] has its heads laid out outside its tokens, as sdpa's gradient:
+    the backward has configurations of its own there. Read from size hints: no guard."""
+    S, H, st_s, st_h = (_size_hint(n) for n in (*x.shape[-3:-1], *x.stride()[-3:-1]))
     return S > 1 and H > 1 and st_h >= S * st_s > 0
+
+
+def role_strides(t, heads: bool) -> tuple:
+    """t's strides by role, the tokens' first: (seq, batch, head, dim) of q-like tensors
+    ([S, H, D] or [B, S, H, D]), (seq, batch, dim) of tables ([S, R] or [B, S, R]). The batch
+    stride is 0 where there is one sequence or one table for all (a batch of size 1)."""
+    n = 3 if heads else 2
+    st = tuple(t.stride())
+    batch = st[0] if t.dim() > n and t.shape[0] != 1 else 0
+    return (st[-n], batch, *st[-n + 1 :])
 
 
 def encode_strides(strides, S):
     """Strides as constexprs that do not change with S: a stride that is a multiple of S token
     strides (a dimension laid out outside the tokens) becomes -(stride // S). The token stride
-    itself never depends on S."""
+    (strides[0]) itself never depends on S."""
     unit = S * abs(strides[0])
     if unit == 0 or max(strides) < unit:  # nothing outside the tokens
         return tuple(strides)
@@ -169,15 +183,15 @@ def _as_int(n):
 
 
 def _key(tensors, S):
-    """The tensors' addresses (0 for None) and layout: per tensor None or (encoded strides, dtype,
-    16-byte alignment). One pass; encode_strides only for strides that reach past the tokens."""
+    """The tensors' addresses (0 for None) and layout: per tensor None or (encoded strides by role,
+    dtype, 16-byte alignment). One pass; encode_strides only for strides that reach past the tokens."""
     ptrs, layout = [], []
-    for t in tensors:
+    for i, t in enumerate(tensors):
         if t is None:
             ptrs.append(0)
             layout.append(None)
         else:
-            p, st = t.data_ptr(), t.stride()
+            p, st = t.data_ptr(), role_strides(t, i < 6)
             ptrs.append(p)
             layout.append((st if max(st) < S * st[0] else encode_strides(st, S), t.dtype, p % 16 == 0))
     return ptrs, tuple(layout)
@@ -206,11 +220,10 @@ def _pointer_args(tensors):
 def _constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config):
     """The kernel's constexprs. layout: per tensor None (unused) or (encoded strides, dtype, ...)."""
     cfg = dict(config)
-    ndims = (3, 3, 3, 3, 3, 3, 2, 2, 2, 2)
     strides = {}
-    for name, lay, n in zip(TENSORS, layout, ndims):
-        roles = ("seq", "head", "dim") if n == 3 else ("seq", "dim")
-        for role, st in zip(roles, lay[0] if lay else (0,) * n):
+    for i, (name, lay) in enumerate(zip(TENSORS, layout)):
+        roles = ("seq", "batch", "head", "dim") if i < 6 else ("seq", "batch", "dim")
+        for role, st in zip(roles, lay[0] if lay else (0,) * len(roles)):
             strides[f"stride_{name}_{role}"] = st
     out_q, out_k, grad_table, sin = layout[2], layout[3], layout[8], layout[7]
     out_dtype = (out_q or out_k or grad_table)[1]
@@ -234,6 +247,7 @@ def _constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config):
         WRITE_Q=out_q is not None,
         WRITE_K=out_k is not None,
         GRAD_TABLE=grad_table is not None,
+        BATCHED=any(v != 0 for n, v in strides.items() if n.endswith("_batch")),
         ROW_STORE=row_store,
         REGS_FIRST=REGS_FIRST,
         num_warps=cfg["num_warps"],
@@ -268,12 +282,16 @@ def _launch_traced(tensors, sizes, adjoint, interleaved, config):
     from torch.library import wrap_triton
 
     x_q = tensors[0]
-    S = x_q.shape[0]
+    B, S = (x_q.shape[0], x_q.shape[1]) if x_q.dim() == 4 else (1, x_q.shape[0])
+
+    def encoded(i, t):
+        return _encode_traced(role_strides(t, i < 6), S)
+
     tensors = tuple(
-        t if t is None or i in (2, 3, 8, 9) or _encode_traced(t.stride(), S) is not None else t.contiguous()
+        t if t is None or i in (2, 3, 8, 9) or encoded(i, t) is not None else t.contiguous()
         for i, t in enumerate(tensors)
     )
-    layout = tuple(None if t is None else (_encode_traced(t.stride(), S), t.dtype) for t in tensors)
+    layout = tuple(None if t is None else (encoded(i, t), t.dtype) for i, t in enumerate(tensors))
     consts = _constexprs(*sizes, adjoint, interleaved, layout, tuple(config.items()))
-    grid = (triton.cdiv(S, consts["BLOCK_S"]), triton.cdiv(consts["HALF"], consts["BLOCK_D"]))
+    grid = (B * triton.cdiv(S, consts["BLOCK_S"]), triton.cdiv(consts["HALF"], consts["BLOCK_D"]))
     wrap_triton(rotary_kernel)[grid](*_pointer_args(tensors), S, **consts)

@@ -1,72 +1,83 @@
-"""Layers for kernels.kernelize: one per variant of transformers' vision rotary
-`apply_rotary_pos_emb_vision(q, k, cos, sin)` (integrations.py finds each family's
-variant). Stateless: kernels accepts no members but forward (and its two flags), so the
-variant is the class, not an attribute."""
+"""Layers for kernels.kernelize: one per variant of transformers' rotary functions, the vision
+encoders' `apply_rotary_pos_emb_vision(q, k, cos, sin)` and the decoders'
+`apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` (integrations.py finds each family's
+variant). Stateless: kernels accepts no members but forward (and its two flags), and checks
+that forward's parameters are those of the function it replaces, so the variant is the class."""
 
-import torch
 from torch import nn
 
-from .ops import apply_rotary_pos_emb_vision
+from .ops import heads_axis, rotary_call
+
+_VISION = "apply_rotary_pos_emb_vision"
+_DECODER = "apply_rotary_pos_emb"
 
 
-def _rotary(q, k, cos, sin, interleaved: bool, promotes: bool):
-    """The kernel on a family's call: q, k [S, H, D] or [B, S, H, D] (cos/sin [S, R] shared
-    by the batch, as transformers broadcasts them), cos and sin of one dtype."""
-    if promotes:  # outputs in the promotion with cos/sin, computed from the unrounded inputs
-        q, k = (x.to(torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)) for x in (q, k))
-    if sin.dtype != cos.dtype:
-        table = torch.promote_types(cos.dtype, sin.dtype)
-        cos, sin = cos.to(table), sin.to(table)
-    if q.dim() == 4:
-        batch = q.shape[0]
-        if batch != 1:
-            cos, sin = cos.repeat(batch, 1), sin.repeat(batch, 1)
-        q_embed, k_embed = apply_rotary_pos_emb_vision(
-            q.flatten(0, 1), k.flatten(0, 1), cos, sin, interleaved=interleaved
-        )
-        return q_embed.unflatten(0, (batch, -1)), k_embed.unflatten(0, (batch, -1))
-    return apply_rotary_pos_emb_vision(q, k, cos, sin, interleaved=interleaved)
-
-
-class ApplyRotaryPosEmbVision(nn.Module):
-    """rotate_half over the first cos.shape[-1] channels (all of them in most families), the
-    rest passed through; each output in its input's dtype (Qwen2-VL to Qwen3.5, GLM-4V, ...)."""
-
+class _Layer(nn.Module):
     can_torch_compile = True
     has_backward = True
 
+
+class ApplyRotaryPosEmbVision(_Layer):
+    """rotate_half over the first cos.shape[-1] channels (all of them in most families), the
+    rest passed through; each output in its input's dtype (Qwen2-VL to Qwen3.5, GLM-4V, ...).
+    q, k [S, H, D] or [B, S, H, D], cos/sin [S, R]."""
+
     def forward(self, q, k, cos, sin):
-        return _rotary(q, k, cos, sin, False, False)
+        return rotary_call(_VISION, q, k, cos, sin)
 
 
-class ApplyRotaryPosEmbVisionInterleaved(nn.Module):
+class ApplyRotaryPosEmbVisionInterleaved(_Layer):
     """Interleaved pairs (2i, 2i+1) rotated, as transformers' rotate_pairwise (Inkling2);
     each output in its input's dtype."""
 
-    can_torch_compile = True
-    has_backward = True
-
     def forward(self, q, k, cos, sin):
-        return _rotary(q, k, cos, sin, True, False)
+        return rotary_call(_VISION, q, k, cos, sin, interleaved=True)
 
 
-class ApplyRotaryPosEmbVisionPromoted(nn.Module):
+class ApplyRotaryPosEmbVisionPromoted(_Layer):
     """As ApplyRotaryPosEmbVision, each output in the promotion of its input's dtype with
     cos's and sin's, as a function computing in its inputs' dtypes returns it (MiniMax-M3:
     under autocast its bf16 q meets float32 cos/sin)."""
 
-    can_torch_compile = True
-    has_backward = True
-
     def forward(self, q, k, cos, sin):
-        return _rotary(q, k, cos, sin, False, True)
+        return rotary_call(_VISION, q, k, cos, sin, promotes=True)
 
 
-class ApplyRotaryPosEmbVisionInterleavedPromoted(nn.Module):
+class ApplyRotaryPosEmbVisionInterleavedPromoted(_Layer):
     """Interleaved pairs, outputs in the promoted dtypes."""
 
-    can_torch_compile = True
-    has_backward = True
-
     def forward(self, q, k, cos, sin):
-        return _rotary(q, k, cos, sin, True, True)
+        return rotary_call(_VISION, q, k, cos, sin, interleaved=True, promotes=True)
+
+
+class ApplyRotaryPosEmbPromoted(_Layer):
+    """The decoders' rotary of Llama and most families (transformers' hook "rotary_pos_emb"):
+    rotate_half over the first cos.shape[-1] channels, outputs in the promotion of each input's
+    dtype with cos's and sin's. q, k [B, H, S, D] (unsqueeze_dim=1) or [B, S, H, D] (2), cos/sin
+    [B, S, R] or [1, S, R]."""
+
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+        return rotary_call(_DECODER, q, k, cos, sin, promotes=True, heads_axis=heads_axis(_DECODER, unsqueeze_dim))
+
+
+class ApplyRotaryPosEmb(_Layer):
+    """As ApplyRotaryPosEmbPromoted, each output in its input's dtype (families that compute in
+    float32 and cast back)."""
+
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+        return rotary_call(_DECODER, q, k, cos, sin, heads_axis=heads_axis(_DECODER, unsqueeze_dim))
+
+
+class ApplyRotaryPosEmbInterleaved(_Layer):
+    """Interleaved pairs (rotate_pairwise), each output in its input's dtype."""
+
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+        return rotary_call(_DECODER, q, k, cos, sin, interleaved=True, heads_axis=heads_axis(_DECODER, unsqueeze_dim))
+
+
+class ApplyRotaryPosEmbInterleavedPromoted(_Layer):
+    """Interleaved pairs, outputs in the promoted dtypes."""
+
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+        axis = heads_axis(_DECODER, unsqueeze_dim)
+        return rotary_call(_DECODER, q, k, cos, sin, interleaved=True, promotes=True, heads_axis=axis)

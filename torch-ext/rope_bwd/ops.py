@@ -71,12 +71,22 @@ def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved, out=Non
     dq, dk, dt = out or (
         _empty_like(gq) if need_q else None,
         _empty_like(gk) if need_k else None,
-        _empty_like(table) if grad_table else None,
+        _grad_rows(table, gq) if grad_table else None,
     )
-    ds = _empty_like(sin) if grad_table and sin is not None else None
+    ds = _grad_rows(sin, gq) if grad_table and sin is not None else None
     _launch().launch_bwd(grad_q_embed=gq, grad_k_embed=gk, grad_q=dq, grad_k=dk, q=q, k=k,
                          interleaved=interleaved, **_tables(table, sin), **_table_grads(sin, dt, ds))  # fmt: skip
+    # A table shared by a batch: the kernel's per-sequence rows summed, in a fixed order.
+    dt, ds = (g if g is None or g.shape == t.shape else g.sum(0, keepdim=True) for g, t in ((dt, table), (ds, sin)))
     return dq, dk, dt, ds
+
+
+def _grad_rows(table: Tensor, gq: Tensor) -> Tensor:
+    """The kernel's buffer for a table's gradient: one row per sequence and token, [B, S, R] for
+    a table [1, S, R] shared by a batch of B."""
+    if gq.dim() == 4 and table.shape[0] != gq.shape[0]:
+        return table.new_empty((gq.shape[0], *table.shape[1:]))
+    return _empty_like(table)
 
 
 def _triton_op(name):
@@ -267,6 +277,70 @@ def apply_rotary_pos_emb_vision(
     return rotary(q, k, cos, sin, interleaved)
 
 
+def rotary_call(fn, q, k, cos, sin, *, interleaved=False, promotes=False, heads_axis=None):
+    """A transformers rotary call, checked, through the kernel. The vision form (heads_axis None):
+    q, k [S, H, D] or [B, S, H, D], cos and sin [S, R], shared by the batch. The decoder form:
+    q, k [B, H, S, D] (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B, S, R] or [1, S, R].
+    promotes: outputs in the promotion of each input's dtype with cos's and sin's, as a
+    function computing in its inputs' dtypes returns them; else in the inputs' dtypes.
+    fn names the function in errors."""
+    if heads_axis == -3:
+        q, k = (x.transpose(-3, -2) if isinstance(x, Tensor) and x.dim() == 4 else x for x in (q, k))
+    batched = isinstance(q, Tensor) and q.dim() == 4
+    if heads_axis is None and batched and all(isinstance(t, Tensor) and t.dim() == 2 for t in (cos, sin)):
+        cos, sin = cos[None], sin[None]
+    tables = isinstance(cos, Tensor) and isinstance(sin, Tensor)
+    if tables and sin.dtype != cos.dtype:
+        table = torch.promote_types(cos.dtype, sin.dtype)
+        cos, sin = cos.to(table), sin.to(table)
+    check_inputs(fn, [("q", q), ("k", k)], [("cos", cos), ("sin", sin)], batched=batched)
+    if promotes:  # computed from the unrounded inputs
+        q, k = (x.to(torch.promote_types(x.dtype, cos.dtype)) for x in (q, k))
+    q_embed, k_embed = rotary(q, k, cos, sin, interleaved)
+    if heads_axis == -3:
+        return q_embed.transpose(-3, -2), k_embed.transpose(-3, -2)
+    return q_embed, k_embed
+
+
+def heads_axis(fn: str, unsqueeze_dim) -> int:
+    """The heads' axis of transformers' [B, H, S, D] (unsqueeze_dim 1) or [B, S, H, D] (2) q/k."""
+    axis = {1: -3, -3: -3, 2: -2, -2: -2}.get(unsqueeze_dim) if type(unsqueeze_dim) is int else None
+    if axis is None:
+        raise ValueError(
+            f"{fn}: unsqueeze_dim must be 1 (q/k [B, H, S, D]) or 2 (q/k [B, S, H, D]) with cos/sin "
+            f"[B, S, R], got {unsqueeze_dim!r}"
+        )
+    return axis
+
+
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1):
+    """transformers' decoder rotary (Llama's and most families'), same signature and dtypes.
+
+    Args:
+        q: [B, HQ, S, D] (unsqueeze_dim=1, the views attention classes pass) or [B, S, HQ, D]
+            (unsqueeze_dim=2), any strides; D even, at most 256.
+        k: [B, HK, S, D] or [B, S, HK, D], any strides; HK may differ from HQ (GQA).
+        cos, sin: [B, S, R] or [1, S, R] (one table for the whole batch, read without a copy),
+            R even and at most D: the first R channels of each head are rotated as rotate_half
+            does, the rest pass through (partial rotary).
+        unsqueeze_dim: where transformers unsqueezes cos and sin, i.e. q's heads axis (1 or 2).
+
+    Returns:
+        (q_embed, k_embed) shaped as q and k, each in the promotion of its input's dtype with
+        cos's and sin's (bf16 q with bf16 tables: bf16), math in float32. Differentiable in q,
+        k, cos and sin; when cos and sin need no gradient the backward reads only the upstream
+        gradients and the tables; their gradient, when they need one, is summed over heads
+        (and over the batch for a shared table) in a fixed order.
+
+    {dtypes}
+
+    Raises:
+        ValueError / TypeError naming the argument, before any kernel runs.
+    """
+    fn = "apply_rotary_pos_emb"
+    return rotary_call(fn, q, k, cos, sin, promotes=True, heads_axis=heads_axis(fn, unsqueeze_dim))
+
+
 _OUT_AND_INPUTS = ("out[grad_q]", "out[grad_k]", "out[grad_embeddings]", "grad_q_embed", "grad_k_embed", "q", "k",
                    "embeddings")  # fmt: skip
 
@@ -322,5 +396,5 @@ def rope_bwd(
     return tuple(out)
 
 
-for _fn in (rope_fwd, apply_rotary_pos_emb_vision, rope_bwd):
+for _fn in (rope_fwd, apply_rotary_pos_emb_vision, apply_rotary_pos_emb, rope_bwd):
     _fn.__doc__ = _fn.__doc__.replace("{dtypes}", _DTYPES)

@@ -1,8 +1,9 @@
 """The rotary embedding in PyTorch: the specification the kernel must match, the CPU
 path and the float64 path.
 
-q, k and their gradients are [S, H, D] (any strides); the table is [S, R] with R even
-and R <= D: angles (`embeddings`, whose cos/sin are taken here) or a (cos, sin) pair.
+q, k and their gradients are [S, H, D] or [B, S, H, D] (any strides); the table is [S, R]
+or [B, S, R] (B may be 1 against a batch of q/k: one table for every sequence), R even and
+R <= D: angles (`embeddings`, whose cos/sin are taken here) or a (cos, sin) pair.
 The first R channels of each head are rotated in pairs, the other D - R pass through:
     halves:      pair j = (j, j + R/2)      transformers' rotate_half
     interleaved: pair j = (2j, 2j + 1)      transformers' rotate_pairwise
@@ -50,11 +51,12 @@ def cos_sin(table: torch.Tensor, sin, dtype: torch.dtype):
 
 
 def rotate(x, cos, sin, *, adjoint: bool, interleaved: bool = False) -> torch.Tensor:
-    """The rotation of x [S, H, D] by cos/sin [S, R] (math dtype), or its adjoint; math dtype."""
+    """The rotation of x [..., S, H, D] by cos/sin [..., S, R] (math dtype), or its adjoint;
+    math dtype."""
     rot = cos.shape[-1]
     x1, x2, tail = split_pairs(x.to(cos.dtype), rot, interleaved)
-    c1, c2, _ = split_pairs(cos[:, None, :], rot, interleaved)
-    s1, s2, _ = split_pairs(sin[:, None, :], rot, interleaved)
+    c1, c2, _ = split_pairs(cos.unsqueeze(-2), rot, interleaved)
+    s1, s2, _ = split_pairs(sin.unsqueeze(-2), rot, interleaved)
     if adjoint:
         y1, y2 = x1 * c1 + x2 * s2, x2 * c2 - x1 * s1
     else:
@@ -63,14 +65,14 @@ def rotate(x, cos, sin, *, adjoint: bool, interleaved: bool = False) -> torch.Te
 
 
 def grad_cos_sin(gq, gk, q, k, rot: int, dtype: torch.dtype, interleaved: bool = False):
-    """Gradients of the cos and sin tables [S, R]: sums over the heads of q and k of g*x and
-    g*rotated(x), rotated(x) = (-x2, x1) pairwise."""
+    """Gradients of the cos and sin tables [..., S, R]: sums over the heads of q and k of g*x
+    and g*rotated(x), rotated(x) = (-x2, x1) pairwise."""
     gc1 = gc2 = gs1 = gs2 = 0
     for g, x in ((gq, q), (gk, k)):
         g1, g2, _ = split_pairs(g.to(dtype), rot, interleaved)
         x1, x2, _ = split_pairs(x.to(dtype), rot, interleaved)
-        gc1, gc2 = gc1 + (g1 * x1).sum(1), gc2 + (g2 * x2).sum(1)
-        gs1, gs2 = gs1 - (g1 * x2).sum(1), gs2 + (g2 * x1).sum(1)
+        gc1, gc2 = gc1 + (g1 * x1).sum(-2), gc2 + (g2 * x2).sum(-2)
+        gs1, gs2 = gs1 - (g1 * x2).sum(-2), gs2 + (g2 * x1).sum(-2)
     return join_pairs(gc1, gc2, None, interleaved), join_pairs(gs1, gs2, None, interleaved)
 
 
@@ -87,7 +89,8 @@ def backward(gq, gk, q, k, table, sin=None, need_q=True, need_k=True, interleave
     """(grad_q, grad_k, grad_table, grad_sin), None where not asked for.
 
     The table gradient is computed when q and k are given (they are read only for it):
-    the angles' gradient when sin is None, else (grad_cos, grad_sin).
+    the angles' gradient when sin is None, else (grad_cos, grad_sin); a table shared by a
+    batch gets the sum over it.
     """
     dt = math_dtype(gq, gk)
     cos, sn = cos_sin(table, sin, dt)
@@ -97,5 +100,5 @@ def backward(gq, gk, q, k, table, sin=None, need_q=True, need_k=True, interleave
         return dq, dk, None, None
     gcos, gsin = grad_cos_sin(gq, gk, q, k, cos.shape[-1], dt, interleaved)
     if sin is None:  # d/dangle (cos, sin) = (-sin, cos)
-        return dq, dk, (cos * gsin - sn * gcos).to(table.dtype), None
-    return dq, dk, gcos.to(table.dtype), gsin.to(sin.dtype)
+        return dq, dk, (cos * gsin - sn * gcos).sum_to_size(table.shape).to(table.dtype), None
+    return dq, dk, gcos.sum_to_size(table.shape).to(table.dtype), gsin.sum_to_size(sin.shape).to(sin.dtype)

@@ -21,21 +21,22 @@ def _same(fn, name, got, want, what):
         raise ValueError(f"{fn}: {name} must have {what} {want}, got {got}")
 
 
-def check_inputs(fn, heads, tables, grads=()):
+def check_inputs(fn, heads, tables, grads=(), batched=False):
     """heads: [(name, tensor)] for q and k ([S, H, D]); tables: [(name, tensor)] for
     embeddings or (cos, sin) ([S, R], R even and R <= D: R < D is partial rotary);
     grads: [(name, tensor)], the upstream gradients of the heads in the same order, each
-    shaped like its head."""
+    shaped like its head. batched: heads [B, S, H, D] and tables [B, S, R] or [1, S, R]."""
     named = (*heads, *tables, *grads)
     # The checks read only types, shapes, dtypes and devices: a call like one that passed
     # passes (host time per call is what a training step at small S waits on).
-    key = _passed_key(fn, named)
+    key = _passed_key(fn, named, batched)
     if key is not None and key in _PASSED:
         return
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    _check_meta(fn, *[tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)])
+    metas = [tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)]
+    _check_meta(fn, *metas, batched)
     if key is not None:
         if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _PASSED.clear()
@@ -45,29 +46,43 @@ def check_inputs(fn, heads, tables, grads=()):
 _PASSED = set()  # _passed_key of the calls whose checks passed
 
 
-def _passed_key(fn, named):
+def _passed_key(fn, named, batched):
     """What the checks read of a call, with each tensor's token count replaced by whether it
-    equals q's: the checks' outcome then holds for every S, so the set of passed calls does
-    not grow with the number of sizes. `fn` fixes the names and their order. None where it
-    cannot key the set: while tracing (symbolic sizes; dynamo would warn about the set), or
-    for what is not a tensor of at least one dimension."""
+    equals q's (and its batch size by whether it is q's or 1): the checks' outcome then holds
+    for every B and S, so the set of passed calls does not grow with the number of sizes. `fn`
+    fixes the names and their order. None where it cannot key the set: while tracing (symbolic
+    sizes; dynamo would warn about the set), or for what is not a tensor of at least two dimensions."""
     if torch.compiler.is_compiling():
         return None
     try:
-        S = named[0][1].shape[0]
-        key = (fn, *[(type(t), t.shape[1:], t.dtype, t.device, t.shape[0] == S) for _, t in named])
+        if batched:
+            (B, S), n = named[0][1].shape[:2], 2
+            sizes = [(t.shape[0] == B, t.shape[0] == 1, t.shape[1] == S) for _, t in named]
+        else:
+            S, n = named[0][1].shape[0], 1
+            sizes = [t.shape[0] == S for _, t in named]
+        key = (fn, *[(type(t), t.shape[n:], t.dtype, t.device, m) for (_, t), m in zip(named, sizes)])
         hash(key)
     except (AttributeError, IndexError, TypeError):
         return None
     return key
 
 
-def _check_meta(fn, heads, tables, grads):
+def _check_meta(fn, heads, tables, grads, batched=False):
     """check_inputs on (name, shape, dtype, device) of each tensor."""
+    b = int(batched)
     for name, shape, dtype, _ in heads + grads:
-        _tensor(fn, name, shape, dtype, 3, "[S, H, D]")
+        _tensor(fn, name, shape, dtype, 3 + b, "[B, S, H, D]" if batched else "[S, H, D]")
     for name, shape, dtype, _ in tables:
-        _tensor(fn, name, shape, dtype, 2, "[S, D]")
+        _tensor(fn, name, shape, dtype, 2 + b, "[B, S, R]" if batched else "[S, D]")
+    if batched:
+        B = heads[0][1][0]
+        for name, shape, _, _ in heads[1:] + grads:
+            _same(fn, name, shape[0], B, "q's batch size B =")
+        for name, shape, _, _ in tables:
+            if shape[0] not in (1, B):
+                raise ValueError(f"{fn}: {name} must have batch size 1 or q's batch size {B}, got {shape[0]}")
+        heads, tables, grads = ([(n, sh[1:], dt, dev) for n, sh, dt, dev in g] for g in (heads, tables, grads))
     (qn, (S, _, D), _, q_device), (kn, k_shape, _, _) = heads
     if D % 2 or not 0 < D <= MAX_HEAD_DIM:
         raise ValueError(f"{fn}: {qn} head_dim (last dimension) must be even and in 2..{MAX_HEAD_DIM}, got {D}")

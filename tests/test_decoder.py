@@ -1,0 +1,251 @@
+"""The decoders' rotary, transformers' `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`:
+q [B, HQ, S, D] and k [B, HK, S, D] as the attention classes pass them (transposed views of the
+q and k projections), or [B, S, H, D] with unsqueeze_dim=2; cos/sin [B, S, R] or one table for the
+batch, [1, S, R]. Judged against a float64 evaluation of Llama's body (partial rotary: the first
+R channels rotated, the rest passed through), on the PyTorch path, in Triton's interpreter and
+on CUDA; the kernel's batched launches with poisoned outputs."""
+
+import pytest
+import torch
+
+from . import reference
+from .helpers import DEVICES, HAS_CUDA, kernel_path, submodule
+
+
+def llama_rotary(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' decoder rotary (Llama's body, with recurrent_gemma's partial slice)."""
+    R = cos.shape[-1]
+    c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+    def apply(x):
+        x_rot, x_pass = x[..., :R], x[..., R:]
+        return torch.cat((x_rot * c + reference.rotate_half(x_rot) * s, x_pass), dim=-1)
+
+    return apply(q), apply(k)
+
+
+def make_call(B, S, HQ, HK, D, R, *, dtype, device, gen, table_batch=None, unsqueeze_dim=1, table_grad=False):
+    """q, k as views of one [B, S, (HQ + HK) * D] projection in the layout of `unsqueeze_dim`,
+    cos/sin [table_batch or B, S, R] (of random angles), leaves requiring grad."""
+    proj = torch.randn(B, S, (HQ + HK) * D, generator=gen).to(device=device, dtype=dtype)
+    q, k = (x.unflatten(-1, (-1, D)) for x in proj.split([HQ * D, HK * D], -1))
+    if unsqueeze_dim == 1:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    angles = torch.randn(B if table_batch is None else table_batch, S, R, generator=gen, dtype=torch.float64)
+    cos, sin = (f(angles).to(device=device, dtype=dtype).requires_grad_(table_grad) for f in (torch.cos, torch.sin))
+    return q.detach().requires_grad_(), k.detach().requires_grad_(), cos, sin
+
+
+def tolerance(dtype):
+    return {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+
+
+def check_call(kernel, args, gen, unsqueeze_dim=1):
+    """Values, dtypes and every gradient of apply_rotary_pos_emb against float64."""
+    q, k, cos, sin = args
+    snapshot = [t.detach().clone() for t in args]
+    outs = kernel.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+    assert [o.shape for o in outs] == [q.shape, k.shape]
+    assert [o.dtype for o in outs] == [torch.promote_types(x.dtype, cos.dtype) for x in (q, k)]
+    leaves = [t.detach().double().requires_grad_(t.requires_grad) for t in args]
+    refs = llama_rotary(*leaves, unsqueeze_dim)
+    tol = tolerance(q.dtype)
+    for o, r in zip(outs, refs):
+        assert reference.rel_err(o, r) <= tol
+    cot = [torch.randn(o.shape, generator=gen).to(o) for o in outs]
+    wrt = [t for t in args if t.requires_grad]
+    grads = torch.autograd.grad(outs, wrt, cot)
+    ref_grads = torch.autograd.grad(refs, [t for t in leaves if t.requires_grad], [c.double() for c in cot])
+    for g, r, t in zip(grads, ref_grads, wrt):
+        assert g.shape == t.shape and g.dtype == t.dtype
+        assert reference.rel_err(g, r) <= tol
+    for t, before in zip(args, snapshot):  # nothing of the caller's is written
+        assert torch.equal(t.detach(), before)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.interpret(D=[64, 80], dtype=torch.bfloat16)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("D", [64, 72, 80, 128])
+def test_attention_views(kernel, device, dtype, D, gen):
+    """The attention classes' call: [B, H, S, D] views with GQA, a table per sequence."""
+    check_call(kernel, make_call(2, 9, 4, 2, D, D, dtype=dtype, device=device, gen=gen), gen)
+
+
+@pytest.mark.interpret(case="shared-table-grad")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "case",
+    ["shared-table", "shared-table-grad", "table-grad", "seq-first", "partial", "partial-odd-half", "mha"],
+)
+def test_layouts(kernel, device, case, gen):
+    """Tables shared by the batch (by stride 0; their gradient summed over it), the tables'
+    gradient, [B, S, H, D] with unsqueeze_dim=2, partial rotary (R/2 even and odd), HQ == HK."""
+    B, S, HQ, HK, D, R = 3, 7, 6, 2, 80, 80
+    kw = {"table_batch": 1} if case.startswith("shared") else {}
+    kw |= {"table_grad": case.endswith("grad"), "unsqueeze_dim": 2 if case == "seq-first" else 1}
+    R = {"partial": 48, "partial-odd-half": 78}.get(case, R)
+    HK = HQ if case == "mha" else HK
+    args = make_call(B, S, HQ, HK, D, R, dtype=torch.bfloat16, device=device, gen=gen, **kw)
+    check_call(kernel, args, gen, kw["unsqueeze_dim"])
+
+
+@pytest.mark.interpret(S=[0, 1])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,S", [(1, 0), (3, 0), (1, 1), (4, 1), (1, 300)])
+def test_sizes(kernel, device, B, S, gen):
+    """Empty and one-token sequences, one sequence of many tokens."""
+    args = make_call(B, S, 4, 2, 64, 64, dtype=torch.float32, device=device, gen=gen, table_grad=True)
+    if S == 0:
+        outs = kernel.apply_rotary_pos_emb(*args)
+        assert [o.shape for o in outs] == [args[0].shape, args[1].shape]
+        return
+    check_call(kernel, args, gen)
+
+
+@pytest.mark.interpret(mode=["fwd", "bwd"])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "bwd_qk"])
+def test_batched_launch_writes_every_output(kernel, device, mode, gen):
+    """The kernel's batched launches into NaN-poisoned outputs: the sdpa gradient layout
+    [B, H, S, D] seen as [B, S, H, D], a shared table, and the table gradient per sequence."""
+    if not kernel_path(device):
+        pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
+    launch = submodule(kernel, "launch")
+    B, S, HQ, HK, D = 3, 11, 4, 2, 72
+    q, k, cos, sin = (t.detach() for t in make_call(B, S, HQ, HK, D, D, dtype=torch.bfloat16, device=device, gen=gen))
+    cos, sin = cos[:1], sin[:1]  # one table for the batch
+
+    def poisoned(*shape, dtype=torch.bfloat16):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    gq = torch.randn(B, HQ, S, D, generator=gen).to(device, torch.bfloat16).transpose(1, 2)
+    gk = torch.randn(B, HK, S, D, generator=gen).to(device, torch.bfloat16).transpose(1, 2)
+    qs, ks = q.transpose(1, 2), k.transpose(1, 2)
+    leaves = [t.double().requires_grad_() for t in (qs, ks, cos, sin)]
+    refs = llama_rotary(*leaves, unsqueeze_dim=2)
+    if mode == "fwd":
+        outs = {"q_out": poisoned(B, S, HQ, D), "k_out": poisoned(B, S, HK, D)}
+        launch.launch_fwd(q=qs, k=ks, cos=cos, sin=sin, **outs)
+        want = dict(zip(outs, refs))
+    else:
+        outs = {"grad_q": poisoned(B, S, HQ, D), "grad_k": poisoned(B, S, HK, D)}
+        read = {}
+        if mode == "bwd":
+            read = {"q": qs, "k": ks}
+            outs |= {"grad_cos": poisoned(B, S, D), "grad_sin": poisoned(B, S, D)}
+        launch.launch_bwd(grad_q_embed=gq, grad_k_embed=gk, cos=cos, sin=sin, **read, **outs)
+        grads = torch.autograd.grad(refs, leaves, (gq.double(), gk.double()))
+        want = {"grad_q": grads[0], "grad_k": grads[1]}
+        if mode == "bwd":  # per sequence: the shared table's gradient is their sum
+            want |= {"grad_cos": grads[2], "grad_sin": grads[3]}
+            outs = {n: (o.sum(0, keepdim=True, dtype=torch.float64) if "cos" in n or "sin" in n else o)
+                    for n, o in outs.items()}  # fmt: skip
+    for name, o in outs.items():
+        assert not o.isnan().any(), f"{name}: not every element written"
+        assert reference.rel_err(o, want[name]) <= 8e-3, name
+
+
+@pytest.mark.parametrize(
+    "bad,error,match",
+    [
+        ({"unsqueeze_dim": 0}, ValueError, "unsqueeze_dim must be 1"),
+        ({"unsqueeze_dim": 3}, ValueError, "unsqueeze_dim must be 1"),
+        ({"k_batch": 2}, ValueError, "k must have q's batch size B = 3"),
+        ({"table_batch": 2}, ValueError, "cos must have batch size 1 or q's batch size 3"),
+        ({"table_tokens": 6}, ValueError, "cos must have q's token count S = 5"),
+        ({"rot": 7}, ValueError, "R even and at most head_dim"),
+        ({"rot": 18}, ValueError, "R even and at most head_dim"),
+        ({"head_dim": 15}, ValueError, "head_dim"),
+        ({"q_dtype": torch.int32}, TypeError, "q must be float32"),
+        ({"table_rank": 2}, ValueError, "cos must be a 3-D tensor"),
+    ],
+)
+def test_bad_input_is_refused_before_any_kernel_runs(kernel, launches, bad, error, match, gen):
+    """Clear errors naming the argument, raised before any kernel launch; nothing mutated."""
+    B, S, D = 3, 5, bad.get("head_dim", 16)
+
+    def rnd(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    q = rnd(B, 4, S, D).to(bad.get("q_dtype", torch.float32))
+    k = rnd(bad.get("k_batch", B), 2, S, D)
+    rot = bad.get("rot", D)
+    table_shape = (bad.get("table_batch", B), bad.get("table_tokens", S), rot)
+    cos, sin = rnd(*table_shape), rnd(*table_shape)
+    if bad.get("table_rank") == 2:
+        cos, sin = cos[0], sin[0]
+    snapshot = [t.clone() for t in (q, k, cos, sin)]
+    with pytest.raises(error, match=match):
+        kernel.apply_rotary_pos_emb(q, k, cos, sin, bad.get("unsqueeze_dim", 1))
+    assert launches == []
+    assert all(torch.equal(t, s) for t, s in zip((q, k, cos, sin), snapshot))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_new_lengths_and_batches(kernel, device, gen):
+    """A decoder attention's rotary under torch.compile(fullgraph=True): no graph break, and a
+    second sequence length and batch size reuse the first compilation (dynamic sizes)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.compiler.reset()
+
+    def step(q, k, cos, sin):
+        q_embed, k_embed = kernel.apply_rotary_pos_emb(q, k, cos, sin)
+        return torch.nn.functional.scaled_dot_product_attention(q_embed, k_embed.repeat_interleave(2, 1), q_embed)
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
+    for i, (B, S) in enumerate(((3, 7), (5, 12))):
+        args = make_call(B, S, 4, 2, 64, 64, dtype=torch.float32, device=device, gen=gen, table_grad=True)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            out = compiled(*args)
+        ref = step(*args)
+        assert reference.rel_err(out, ref) <= 1e-5
+        w = torch.randn(out.shape, generator=gen).to(out)
+        got = torch.autograd.grad(out, args, w)
+        want = torch.autograd.grad(ref, args, w)
+        assert all(reference.rel_err(g, r) <= 1e-5 for g, r in zip(got, want))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.gpu
+def test_deterministic_table_gradient_cuda(kernel, gen):
+    """The tables' gradient is summed over heads and, for a shared table, over the batch in a
+    fixed order: bit-identical run to run."""
+    args = make_call(4, 2048, 32, 8, 128, 128, dtype=torch.bfloat16, device="cuda", gen=gen, table_batch=1)
+    args[2].requires_grad_(), args[3].requires_grad_()
+    outs = kernel.apply_rotary_pos_emb(*args)
+    w = [torch.randn(o.shape, generator=gen).to(o) for o in outs]
+    first = torch.autograd.grad(kernel.apply_rotary_pos_emb(*args), args, w)
+    for _ in range(3):
+        again = torch.autograd.grad(kernel.apply_rotary_pos_emb(*args), args, w)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    HAS_CUDA and torch.cuda.get_device_properties(0).total_memory < 60 * 2**30, reason="needs a GPU of 60 GiB"
+)
+def test_past_2_31_elements_cuda(kernel, gen):
+    """A batch whose q has more than 2^31 elements (offsets past int32): the last sequence's
+    last tokens, forward and q's gradient, against float64."""
+    B, S, HQ, HK, D = 2, 2**18 + 64, 32, 1, 128  # q: 2 * 2^18 * 4096 > 2^31 elements
+    q = torch.randn(B, S, HQ * D, device="cuda", dtype=torch.bfloat16).unflatten(-1, (HQ, D)).transpose(1, 2)
+    k = torch.randn(B, HK, S, D, device="cuda", dtype=torch.bfloat16)
+    angles = torch.randn(1, S, D, device="cuda")
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    q.requires_grad_()
+    assert q.numel() > 2**31
+    q_embed, _ = kernel.apply_rotary_pos_emb(q, k, cos, sin)
+    g = torch.randn_like(q_embed)
+    (dq,) = torch.autograd.grad(q_embed, q, g)
+    tail = slice(S - 16, S)
+    ref_q, _ = llama_rotary(*(t[-1:, :, tail].double() for t in (q.detach(), k)), cos[:, tail].double(),
+                            sin[:, tail].double())  # fmt: skip
+    assert reference.rel_err(q_embed[-1:, :, tail], ref_q) <= 8e-3
+    leaf = q.detach()[-1:, :, tail].double().requires_grad_()
+    (ref_dq,) = torch.autograd.grad(llama_rotary(leaf, leaf, cos[:, tail].double(), sin[:, tail].double())[0], leaf,
+                                    g[-1:, :, tail].double())  # fmt: skip
+    assert reference.rel_err(dq[-1:, :, tail], ref_dq) <= 8e-3
