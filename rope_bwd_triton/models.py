@@ -180,7 +180,7 @@ def make_decoder(*, dtype=torch.float32, device="cpu", seed=0, layers=2, **confi
     return LlamaModel(cfg).to(device=device, dtype=dtype)
 
 
-def make_tokens(model, batch, tokens, *, seed=0):
-    """Random input ids [batch, tokens] (one positional input, as step passes it)."""
+def make_tokens(model, batch=2, seq=7, *, seed=0):
+    """Random input ids [batch, seq]."""
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, model.config.vocab_size, (batch, tokens), generator=gen).to(model.device),)
+    return torch.randint(0, model.config.vocab_size, (batch, seq), generator=gen).to(model.device)
