@@ -137,7 +137,7 @@ def thinker_heads():
 
         text = Qwen3OmniMoeThinkerConfig().text_config
         heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
-    except (ImportError, AttributeError, TypeError):  # a transformers without the class or its fields
+    except (ImportError, AttributeError, TypeError, ValueError):  # a transformers without the class, or its fields
         return THINKER_FALLBACK
     head_dim = getattr(text, "head_dim", None)
     return heads, kv_heads, head_dim if head_dim and head_dim % 2 == 0 else THINKER_FALLBACK[2]
