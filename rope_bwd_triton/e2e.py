@@ -172,15 +172,13 @@ def _compiled_frames() -> int:
 
 class Target(NamedTuple):
     """What a run trains: the modeling module whose rotary global (`name`) each variant sets, the
-    eager model, its inputs for n tokens, and kernelize(model, mode) -> the kernelized model;
-    stand_in: kernelize leaves transformers' rotary (the package has no kernelize_rotary yet)."""
+    eager model, its inputs for n tokens, and kernelize(model, mode) -> the kernelized model."""
 
     modeling: object
     name: str
     eager: torch.nn.Module
     inputs: object
     kernelize: object
-    stand_in: bool = False
 
 
 def vision_target(rope, *, dtype, device, model_config, repo_id) -> Target:
@@ -199,19 +197,14 @@ def vision_target(rope, *, dtype, device, model_config, repo_id) -> Target:
 def decoder_target(rope, *, dtype, device, model_config, repo_id, batch, layers) -> Target:
     """A LlamaModel of `layers` layers, `batch` random sequences of n tokens."""
     eager = make_decoder(dtype=dtype, device=device, layers=layers, **model_config)
-    # STAND-IN until the package has kernelize_rotary: the model as it is (transformers' rotary),
-    # recorded as such; the kernelized variant is then eager again.
-    kernelize_rotary = getattr(rope.integrations, "kernelize_rotary", None)
 
     def kernelize(model, mode):
-        if kernelize_rotary is None:
-            return model
-        return kernelize_rotary(model, mode=mode, device=device.type, repo_id=repo_id)
+        return rope.integrations.kernelize_rotary(model, mode=mode, device=device.type, repo_id=repo_id)
 
     def inputs(n):
-        return make_tokens(eager, batch, n)
+        return (make_tokens(eager, batch, n),)
 
-    return Target(modeling_module("llama"), "apply_rotary_pos_emb", eager, inputs, kernelize, kernelize_rotary is None)
+    return Target(modeling_module("llama"), "apply_rotary_pos_emb", eager, inputs, kernelize)
 
 
 def run(target: Target, rope, *, tokens, warmup, rounds, per_round, profile_dir=None, compile=False):
@@ -231,7 +224,7 @@ def run(target: Target, rope, *, tokens, warmup, rounds, per_round, profile_dir=
     layer = getattr(modeling, target.name)
     try:
         forward = getattr(getattr(layer, "forward", None), "__func__", None)
-        if not target.stand_in and getattr(forward, "__module__", None) != rope.layers.__name__:
+        if getattr(forward, "__module__", None) != rope.layers.__name__:
             raise RuntimeError("kernelize kept transformers' rotary: no kernel would be timed")
         if compile:
             # dynamo guards on the rotary global, so each variant gets its own graphs (made in
@@ -338,8 +331,6 @@ def markdown(report, meta) -> str:
             ]
         )
     what = meta.get("target", "Qwen3-Omni vision encoder")  # e2e.json files from before --decoder name none
-    if meta.get("stand_in"):
-        what += " (kernelized: STAND-IN, transformers' rotary: the package has no kernelize_rotary yet)"
     lines = [
         f"{what} training step (fwd+bwd){compiled}, {where}, {meta['dtype']}, "
         f"{meta['model']}; median of {meta['iters']} steps per variant ({timer}), taken as "
@@ -580,7 +571,6 @@ def main(args) -> int:
         repo_id=args.repo_id,
         compile=args.compile,
         target=what or "Qwen3-Omni vision encoder",
-        stand_in=target.stand_in,
     )
     report = summarize(results, rounds)
     if frames:

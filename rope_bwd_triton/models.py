@@ -132,7 +132,7 @@ def thinker_heads():
 
         text = Qwen3OmniMoeThinkerConfig().text_config
         heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
-    except (ImportError, AttributeError, TypeError):  # a transformers without the class or its fields
+    except (ImportError, AttributeError, TypeError, ValueError):  # a transformers without the class, or its fields
         return THINKER_FALLBACK
     head_dim = getattr(text, "head_dim", None)
     return heads, kv_heads, head_dim if head_dim and head_dim % 2 == 0 else THINKER_FALLBACK[2]
@@ -175,10 +175,10 @@ def make_decoder(*, dtype=torch.float32, device="cpu", seed=0, layers=2, **confi
     return LlamaModel(cfg).to(device=device, dtype=dtype)
 
 
-def make_tokens(model, batch, tokens, *, seed=0):
-    """Random input ids [batch, tokens] (one positional input, as step passes it)."""
+def make_tokens(model, batch=2, seq=7, *, seed=0):
+    """Random input ids [batch, seq]."""
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, model.config.vocab_size, (batch, tokens), generator=gen).to(model.device),)
+    return torch.randint(0, model.config.vocab_size, (batch, seq), generator=gen).to(model.device)
 
 
 # ------------------------------------------------------- tiny models of several families, to train

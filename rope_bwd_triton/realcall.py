@@ -151,9 +151,6 @@ class Copies:
 # The call's function in ours and in Liger-Kernel, by whether the call is the decoders'
 OURS = {False: "apply_rotary_pos_emb_vision", True: "apply_rotary_pos_emb"}
 LIGER = {False: "liger_rotary_pos_emb_vision", True: "liger_rotary_pos_emb"}
-# What `ours` is while the loaded package has no decoder function yet (the kernel side is being
-# written): transformers' own, so that the preset runs; its label says so in every result.
-STAND_IN = "ours (STAND-IN: transformers' eager apply_rotary_pos_emb, the package has none)"
 
 
 def transformers_fn(decoder=False):
@@ -172,10 +169,7 @@ def implementations(kernel, others, peers, variant="halves", decoder=False):
         fn = getattr(k, OURS[decoder])
         return functools.partial(fn, interleaved=True) if variant == "interleaved" else fn
 
-    if hasattr(kernel, OURS[decoder]):
-        impls = {"ours": ("ours", ours(kernel))}
-    else:
-        impls = {"ours": (STAND_IN, transformers_fn(decoder))}
+    impls = {"ours": ("ours", ours(kernel))}
     for i, other in enumerate(others):
         # builds from before the interleaved and partial forms serve the others alone, and
         # builds from before the decoders' function the vision call alone
@@ -372,8 +366,6 @@ def _markdown(run) -> str:
     else:
         call = (f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
                 f"{meta['heads']} heads")  # fmt: skip
-    if labels["ours"] != "ours":
-        call += f"; {labels['ours']}"
     lines = [
         f"{call}; {gpu}; {meta['timer']}; mean of {meta['calls']} calls{output.in_rounds(meta)}; "
         f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}; {meta['date']}.  ",

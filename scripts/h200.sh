@@ -8,11 +8,16 @@
 #             72 / 80, in one process (one copy-bandwidth figure for all)
 #   realcall  the real model's call (views of qkv, sdpa's and flash-attention's gradient
 #             layouts) against a copy of its bytes and the peers (REALCALL_ARGS)
+#   decoder   the decoders' call (Llama-3-8B's and Qwen3-Omni's Thinker's heads, views of the q/k
+#             projections, sdpa's gradient, B 1 and 4, S 2048 to 32768) against a copy of its bytes
+#             and the peers, transformers, torch.compile and Liger-Kernel (DECODER_ARGS)
 #   copybound ours against the best plain Triton copy of each task's bytes on the suite
 #   ab        this tree against other builds in one process (AB="<checkouts with build/>", default
 #             .ab/base): the 16 public workloads, and the real call at S = 1024/4096/16384
 #   e2e       Qwen3-Omni vision-encoder training step: eager, kernelized, bound
 #             (E2E_ARGS, default --rounds 10 --iters 50 --profile: traces under $OUT)
+#   e2e-decoder  a Llama decoder's training step at Llama-3-8B's width: eager, kernelized, bound
+#             (E2E_DECODER_ARGS, default --layers 2 --tokens 2048 8192 --rounds 10 --iters 50)
 #   varres    training on images of varying resolution (e2e --varres), fresh processes (VARRES_ARGS,
 #             e.g. "--family qwen2_5_vl --depth 8")
 #   overhead  first calls in fresh processes with empty caches, and host time per call with the
@@ -46,11 +51,15 @@ for stage in "$@"; do
     tests)    python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
     bench)    run_bench suite bench ;;
     realcall) run_bench realcall realcall ${REALCALL_ARGS:-} ;;
+    decoder)  run_bench decoder decoder ${DECODER_ARGS:-} ;;
     copybound) run_bench copybound copybound ;;
     ab)       run_bench suite ab-suite --set suite --peers "" --ab ${AB:-.ab/base} | tail -30 &&
               run_bench realcall ab-realcall --seq-lens 1024 4096 16384 --peers copy --ab ${AB:-.ab/base} ;;
     e2e)      python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
               HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e ${E2E_ARGS:---rounds 10 --iters 50 --profile} --out "$OUT" ;;
+    e2e-decoder) python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
+              HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e --decoder \
+                ${E2E_DECODER_ARGS:---layers 2 --tokens 2048 8192 --rounds 10 --iters 50} --out "$OUT" ;;
     varres)   python3 -m rope_bwd_triton publish --to-cache /tmp/kc >/dev/null &&
               HF_HUB_OFFLINE=1 KERNELS_CACHE=/tmp/kc python3 -m rope_bwd_triton e2e --varres ${VARRES_ARGS:-} --out "$OUT" ;;
     overhead) python3 -m rope_bwd_triton overhead --profile ${OVERHEAD_ARGS:-} --json "$OUT/overhead.json" ;;

@@ -300,3 +300,148 @@ def test_quick_copybound_in_the_interpreter(tmp_path):
     # one table line per task, printed and in the markdown
     assert sum(line.startswith(tuple(f"| {t} |" for t in measure.TASKS)) for line in out.splitlines()) == 5
     assert "### Copy bound: means over 1 workloads" in files["markdown"].read_text()
+
+
+# ------------------------------------------------------------------ the decoder preset
+
+
+def _decoder_args(*argv):
+    import argparse
+
+    from rope_bwd_triton import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return bench.resolve(parser.parse_args(["--preset", "decoder", "--device", "cpu", *argv]))
+
+
+def test_decoder_preset_shapes_and_bytes():
+    """Llama-3-8B's and Qwen3-Omni's Thinker's heads, B 1 and 4, S 2048 to 32768, bf16, sdpa's gradient;
+    the floor counts q, k, cos, sin and the outputs once per direction (bf16 tables)."""
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
+
+    text = Qwen3OmniMoeThinkerConfig().text_config
+    thinker = (text.num_attention_heads, text.num_key_value_heads, 128)
+    todo = realcall.workloads(_decoder_args())
+    assert {(shape, B, S) for _, _, shape, _, B, S in todo} == {
+        (shape, B, S)
+        for shape in (("llama3-8b", 32, 8, 128), ("qwen3-omni-thinker", *thinker))
+        for B in (1, 4)
+        for S in (2048, 8192, 32768)
+    }
+    assert {(v, dt, lay) for v, dt, _, lay, _, _ in todo} == {("halves", "bfloat16", "sdpa")}
+    B, S, HQ, HK, D = 4, 32768, 32, 8, 128  # the largest Llama case, in closed form
+    heads, tables = B * S * (HQ + HK) * D * 2, 2 * B * S * D * 2
+
+    def meta(*shape):
+        return torch.empty(*shape, dtype=torch.bfloat16, device="meta")
+
+    x = dict(q=meta(B, HQ, S, D), k=meta(B, HK, S, D), gq=meta(B, HQ, S, D), gk=meta(B, HK, S, D), cos=meta(B, S, D),
+             sin=meta(B, S, D))  # fmt: skip
+    assert realcall.floor_bytes(x) == {"fwd": 2 * heads + tables, "bwd": 2 * heads + tables}
+
+
+def test_decoder_inputs_are_the_attentions_views(gen):
+    x = realcall.make_decoder_inputs(2, 5, 4, 2, 8, torch.bfloat16, "sdpa", "cpu", gen)
+    assert x["q"].shape == (2, 4, 5, 8) and x["q"].stride() == (160, 8, 32, 1) and x["q"].requires_grad
+    assert x["k"].shape == (2, 2, 5, 8) and x["k"].stride() == (80, 8, 16, 1) and x["k"].requires_grad
+    assert x["gq"].is_contiguous() and x["gk"].shape == (2, 2, 5, 8)  # sdpa's gradient
+    assert x["cos"].shape == (2, 5, 8) and x["cos"].dtype == torch.bfloat16 and not x["cos"].requires_grad
+    assert torch.equal(x["cos"][..., :4], x["cos"][..., 4:])  # cat(freqs, freqs)
+    flash = realcall.make_decoder_inputs(2, 5, 4, 2, 8, torch.bfloat16, "flash", "cpu", gen)
+    assert flash["gq"].stride() == (160, 8, 32, 1)  # [B, S, H, D] seen as [B, H, S, D]
+    copies = realcall.private_copy(x)
+    assert all(copies[n].stride() == x[n].stride() and torch.equal(copies[n], x[n]) for n in x)
+    assert copies["q"].requires_grad and copies["q"].data_ptr() != x["q"].data_ptr()
+
+
+def test_decoder_verification_catches_a_wrong_rotary(gen):
+    """The decoders' function passes on rows (b, s) against float64; the same with sin negated, or
+    judged on the wrong rows, fails."""
+    from rope_bwd_triton.models import decoder_rotary
+
+    B, S = 3, 7
+    x = realcall.make_decoder_inputs(B, S, 4, 2, 16, torch.float16, "sdpa", "cpu", gen)
+    rows = suite.verify_rows(B * S, 8, 0)
+    refs = realcall.reference(x, rows, S=S)
+
+    def judged(fn, pick=rows):
+        call = realcall.FwdBwd(fn, x)
+        call()
+        every = torch.arange(len(rows))
+        return suite.judge([realcall.pick_rows(t, pick, S) for t in call.last], refs, "float16", every)["ok"]
+
+    rotary = decoder_rotary()
+    assert judged(rotary)
+    assert not judged(lambda q, k, cos, sin: rotary(q, k, cos, -sin))
+    assert not judged(rotary, pick=(rows + 1) % (B * S))
+
+
+def test_quick_decoder_preset_with_peers(tmp_path):
+    """ours, transformers' eager function, torch.compile of it and the copy, each verified against
+    float64 on the decoders' call; the table gives ours over the copy and each peer over ours."""
+    files = _files(tmp_path, "dec")
+    argv = ["--preset", "decoder", "--quick", "--models", "llama3-8b", "--seq-lens", "33", "--layouts", "sdpa", "flash"]
+    _bench(*argv, "--peers", "copy,transformers,compile", *_flags(files))
+    run = json.loads(files["json"].read_text())
+    assert {(w["model"], w["H"], w["HK"], w["D"], w["B"], w["layout"]) for w in run["workloads"]} == {
+        ("llama3-8b", 32, 8, 128, B, lay) for B in (1, 2) for lay in ("sdpa", "flash")
+    }
+    for w in run["workloads"]:
+        assert set(w["results"]) == {"ours", "transformers", "compile", "copy"}
+        for name, r in w["results"].items():
+            assert r["verify"]["ok"], (name, r["verify"])
+            assert name == "copy" or r["verify"]["rows"] == min(2048, w["B"] * w["S"])
+        assert w["bytes"] == 2 * (2 * w["B"] * 33 * 40 * 128 * 2 + 2 * w["B"] * 33 * 128 * 2)
+    assert run["labels"]["ours"] == "ours"
+    md = files["markdown"].read_text()
+    assert "| model | heads | B | dtype | grad layout | S | ours us |" in md
+    assert "| ours / copy |" in md and "| transformers / ours |" in md and "| compile / ours |" in md
+    assert "| llama3-8b | 32/8 x 128 | 2 | bfloat16 | flash | 33 |" in md
+
+
+def test_quick_decoder_liger_in_the_interpreter(tmp_path):
+    """Liger-Kernel's liger_rotary_pos_emb, which rotates its inputs in place, on copies of its own:
+    verified against float64 in Triton's interpreter (float16: the interpreter's bfloat16 gives NaN),
+    and transformers' function, verified after it, still sees fresh inputs."""
+    pytest.importorskip("liger_kernel", reason="liger-kernel is not installed")
+    files = _files(tmp_path, "liger")
+    argv = ["--preset", "decoder", "--quick", "--models", "qwen3-omni-thinker", "--seq-lens", "8", "--batches", "2"]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    _bench(*argv, "--dtypes", "float16", "--layouts", "sdpa", "flash", "--peers", "liger,transformers", *_flags(files),
+           env=env)  # fmt: skip
+    run = json.loads(files["json"].read_text())
+    assert len(run["workloads"]) == 2
+    for w in run["workloads"]:
+        assert list(w["results"]) == ["ours", "liger", "transformers"]  # the order of the verification
+        assert all(r["verify"]["ok"] for r in w["results"].values()), w["results"]
+
+
+def test_plain_function_unwraps_kernels_hub_decorator():
+    from kernels import use_kernel_forward_from_hub
+
+    from rope_bwd_triton.models import plain_function
+
+    def rotary(q, k, cos, sin, unsqueeze_dim=1):
+        return q, k
+
+    assert plain_function(rotary) is rotary
+    assert plain_function(use_kernel_forward_from_hub("rotary_pos_emb")(rotary)) is rotary
+    with pytest.raises(TypeError, match="not a function"):
+        plain_function(torch.nn.Linear(1, 1))
+
+
+def test_thinker_heads_fall_back_where_transformers_lacks_the_config(monkeypatch):
+    import builtins
+
+    from rope_bwd_triton import models
+
+    real_import = builtins.__import__
+
+    def without_omni(name, *args, **kwargs):
+        if "qwen3_omni_moe" in name:
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_omni)
+    assert models.thinker_heads() == models.THINKER_FALLBACK == (28, 4, 128)

@@ -183,7 +183,7 @@ def build(family, **config):
     """A tiny float32 model of `family` (models.py's factory, random init), its inputs, its step."""
     if family in models.DECODERS:
         model = models.make_decoder_model(family, **config)
-        return model, models.make_tokens(model, B, 7), models.decoder_step
+        return model, (models.make_tokens(model, B, 7),), models.decoder_step
     model = models.WHOLE[family]()
     return model, (models.whole_inputs(model),), models.whole_step
 
@@ -239,7 +239,7 @@ def test_compiled_decoder_has_no_graph_break_nor_recompile(kernel, integrations)
     eager, _, step = build("llama", num_hidden_layers=1)  # one layer: half the tracing
     model = copy.deepcopy(eager)
     lengths = (7, 12)
-    batches = [models.make_tokens(eager, B, n, seed=n) for n in lengths]
+    batches = [(models.make_tokens(eager, B, n, seed=n),) for n in lengths]
     refs = [train_step(eager, ids, step) for ids in batches]
     integrations.kernelize_rotary(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device="cpu")
     assert_kernelized(kernel, model, "ApplyRotaryPosEmbPromoted")

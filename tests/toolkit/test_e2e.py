@@ -139,3 +139,20 @@ def test_varres_quick(tmp_path, family):
         assert r["tokens"] == [16, 36] and len(r["passes"]) == 2
         assert all(len(p) == 2 and all(ms > 0 for ms in p) for p in r["passes"])
     assert "| kernelized |" in (out / "e2e-varres.md").read_text()
+
+
+def test_e2e_quick_decoder(tmp_path):
+    """--decoder: a tiny Llama decoder's training step, the three variants and their tables; only
+    the kernelized one runs an operator named rotary."""
+    _, out, report = _quick_e2e(tmp_path, "--decoder", "--batch", "2", "--profile", result="e2e-decoder.json")
+    meta = report["meta"]
+    assert meta["target"] == "Llama decoder (2 layers, batch 2)" and "hidden_size 64" in meta["model"]
+    ((n, row),) = report["results_ms"].items()
+    assert n == "64" and set(row) == set(VARIANTS) and all(v > 0 for v in row.values())
+    profile = report["profile"][n]
+    assert profile["kernelized"]["rotary_launches"] > 0 and profile["kernelized"]["rotary_ms"] > 0
+    assert profile["eager"]["rotary_launches"] == profile["identity"]["rotary_launches"] == 0
+    assert profile["identity"]["launches"] < profile["eager"]["launches"]
+    md = (out / "e2e-decoder.md").read_text()
+    assert md.startswith("Llama decoder (2 layers, batch 2) training step") and ".tolist()" not in md
+    assert sum(line.startswith(f"| {n} | ") for line in md.splitlines()) == 1 + len(VARIANTS)
