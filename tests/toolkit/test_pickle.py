@@ -1,124 +1,177 @@
-"""Models that users save whole (pickle, torch.save) save and load: made kernelizable,
-kernelized, or restored afterwards. The kernelized layer is a patch of the process, not
-state of the model: a loaded model needs neither this package nor the patch; in a fresh
-process that has not loaded the kernel it runs transformers' function and gives the
-eager outputs."""
+"""Saving kernelized models, as users save them.
+
+save_pretrained / from_pretrained (weights and configuration) is untouched by the patch: the
+files of a kernelized model load into a model that kernelize_rotary kernelizes again, with
+the same outputs.
+
+torch.save of a whole model pickles what kernels' decorators attach to its attention modules
+(`_kernel_funcs`), as kernels pickles it:
+- kernels >= 0.19: a per-module copy of the module global, by reference to that global
+  (kernels' _rebuild_kernel_func builds one of its class) and, kernelized, its forward by
+  reference to this package's layer module. A fresh process that first loads the kernel
+  (get_kernel) and calls make_kernelizable(families=[...]) loads the model and gives its
+  outputs. Without those steps: a model of a family transformers marks itself, not kernelized,
+  loads and runs transformers' rotary; kernelized, its forward names the build's module, which
+  is not imported (ModuleNotFoundError); any function transformers does not mark (the vision
+  encoders') is a plain function there, which kernels cannot rebuild (TypeError).
+- kernels < 0.19: its function layer is a class local to kernels' factory, which pickle cannot
+  name: torch.save raises, for a model made kernelizable or kernelized.
+"""
 
 import copy
-import pickle
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import kernels
 import pytest
 import torch
-from kernels import KernelizeFallback, LocalLayerRepository, Mode, kernelize, use_kernel_mapping
+from kernels import Mode
+from packaging.version import Version
 
-from rope_bwd_triton import REPO_ROOT, models
-from rope_bwd_triton.suite import rel_err
+from rope_bwd_triton import models
 
-FAMILY = "qwen3_omni_moe"
-GRIDS = [[1, 4, 8], [1, 8, 4]]  # two images: the attention's per-image split runs
-TOL = 1e-5  # fp32 outputs of two correct rotaries through the encoder (as test_kernelize)
+from ..helpers import REPO_ID
+from ..reference import rel_err
+from .test_kernelize_transformers import assert_kernelized, attached_layers
 
-# A fresh process: torch and transformers only (nothing of this repository on its path).
+KERNELS_PICKLES = Version(kernels.__version__) >= Version("0.19")
+TOL = 1e-5  # fp32 outputs of two correct rotaries through the model
+# Tiny float32 models holding both rotary functions (Qwen3-VL) or the decoders' alone (Llama).
+FAMILIES = ("llama", "qwen3_vl")
+
+# A fresh process: torch, kernels and transformers (nothing of this repository on its path).
+# argv: folder, "prepared" (get_kernel and make_kernelizable first) or "bare", the saved names.
 LOAD = textwrap.dedent("""
     import sys
     import torch
-    from kernels import Mode, kernelize
 
+    folder, how, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if how == "prepared":
+        from kernels import get_kernel
+
+        kernel = get_kernel("%s", version=1)
+        kernel.integrations.make_kernelizable(families=%r)
     results = {}
-    for name in sys.argv[2:]:
-        model, inputs = torch.load(f"{sys.argv[1]}/{name}.pt", weights_only=False)
+    for name in names:
+        try:
+            model, inputs = torch.load(f"{folder}/{name}.pt", weights_only=False)
+        except Exception as e:
+            results[name] = (type(e).__name__, str(e))
+            continue
         with torch.no_grad():
-            results[name] = model(*inputs).last_hidden_state
-        kernelize(model, mode=Mode.INFERENCE, device="cpu")  # no stale layer for kernelize to trip on
-    loaded = [m for m in sys.modules if "rope_bwd" in m]
-    assert not loaded, loaded
-    torch.save(results, f"{sys.argv[1]}/results.pt")
-""")
+            results[name] = model(**inputs).logits
+        # how many of its attached rotaries run the package's layers
+        funcs = [f for m in model.modules() for f in m.__dict__.get("_kernel_funcs", {}).values()]
+        results[name + ":ours"] = sum("rope_bwd" in getattr(f.forward, "__module__", "") for f in funcs)
+    assert how == "prepared" or not [m for m in sys.modules if "rope_bwd" in m]
+    torch.save(results, f"{folder}/results-{how}.pt")
+""") % (REPO_ID, list(FAMILIES))
 
 
-@pytest.fixture
-def integrations(kernel):
-    yield kernel.integrations
-    kernel.integrations.restore_transformers()
+@pytest.fixture(scope="module")
+def built():
+    """family -> (eager model, its keyword inputs, its eager logits)."""
+    out = {}
+    for family in FAMILIES:
+        if family in models.DECODERS:
+            model = models.make_decoder_model(family)
+            inputs = dict(input_ids=models.make_tokens(model, 2, 7))
+        else:
+            model = models.WHOLE[family]()
+            inputs = models.whole_inputs(model)["prompt"]
+        out[family] = model, inputs, logits(model, inputs)
+    return out
+
+
+def logits(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
 
 
 def kernelized(integrations, model):
-    integrations.make_kernelizable(model)
-    repo = LocalLayerRepository(repo_path=Path(REPO_ROOT), layer_name=integrations.LAYER_NAME)
-    # Raise on any failure of ours; layers of transformers' own that this mapping does not name
-    # (GeluTanh, with kernels >= 0.19) keep their forward.
-    with use_kernel_mapping({integrations.LAYER_NAME: {"cpu": repo}}):
-        return kernelize(model, mode=Mode.TRAINING, device="cpu", use_fallback=KernelizeFallback.NO_LAYER)
+    return integrations.kernelize_rotary(model, mode=Mode.TRAINING, device="cpu")
 
 
-def outputs(model, inputs):
-    with torch.no_grad():
-        return model(*inputs).last_hidden_state
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_pretrained_round_trip(kernel, integrations, built, family, tmp_path):
+    """A kernelized model's save_pretrained files load with from_pretrained (a local folder,
+    offline) into a model that kernelize_rotary kernelizes again: the same outputs."""
+    eager, inputs, ref = built[family]
+    model = kernelized(integrations, copy.deepcopy(eager))
+    out = logits(model, inputs)
+    assert rel_err(out, ref) < TOL
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path)
+    assert loaded.dtype == model.dtype
+    loaded = kernelized(integrations, loaded)
+    assert_kernelized(kernel, loaded, *attached_layers(kernel, model))
+    assert rel_err(logits(loaded, inputs), out) < TOL
 
 
-@pytest.mark.kernels_ci
-def test_saved_models_load_in_a_fresh_process(kernel, integrations, tmp_path):
-    eager = models.make_vision_model(FAMILY, **models.QUICK_OMNI)
-    inputs = models.make_images(eager, GRIDS)
-    ref = outputs(eager, inputs)
-    saved = {}
-    saved["kernelizable"] = copy.deepcopy(eager)
-    integrations.make_kernelizable(saved["kernelizable"])
-    saved["kernelized"] = kernelized(integrations, copy.deepcopy(eager))
-    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
-    assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward
-    saved["built_after"] = models.make_vision_model(FAMILY, **models.QUICK_OMNI)  # attached by the constructor
-    for name, model in saved.items():
-        attns = [m for m in model.modules() if getattr(m, "_kernel_funcs", None)]
-        assert attns and all(a._kernel_funcs[integrations.LAYER_NAME] is layer for a in attns), name
-        assert rel_err(outputs(model, inputs), ref) < TOL, name
-        torch.save((model, inputs), tmp_path / f"{name}.pt")
-    integrations.restore_transformers()
-    saved["restored"] = saved["kernelized"]  # built while patched: still holds the layer
-    torch.save((saved["restored"], inputs), tmp_path / "restored.pt")
-
+def _fresh_process(folder, how, names):
+    """LOAD in a fresh process, from `folder`: name -> logits, or (error type, message); name +
+    ":ours" -> how many of the loaded model's attached rotaries run the package's layers."""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    # absolute: the child runs in `folder` (scripts/newest.sh lays packages over .venv by a relative path)
+    env["PYTHONPATH"] = os.pathsep.join(
+        str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p
+    )
     proc = subprocess.run(
-        [sys.executable, "-c", LOAD, str(tmp_path), *saved], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", LOAD, str(folder), how, *names],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = torch.load(tmp_path / "results.pt")
-    assert set(results) == set(saved)
-    for name, out in results.items():
-        assert rel_err(out, ref) < TOL, f"{name}: rel err {rel_err(out, ref):.2e}"
+    return torch.load(Path(folder) / f"results-{how}.pt")
 
 
-def test_loaded_in_a_patched_process(kernel, integrations):
-    """Loaded where the patch is live: the model calls the process's layer (a module global),
-    and kernelize reaches it again through make_kernelizable."""
-    eager = models.make_vision_model(FAMILY, **models.QUICK_OMNI)
-    inputs = models.make_images(eager, GRIDS)
-    ref = outputs(eager, inputs)
-    model = kernelized(integrations, copy.deepcopy(eager))
-    loaded = pickle.loads(pickle.dumps(model))
-    assert not any(getattr(m, "_kernel_funcs", None) for m in loaded.modules())
-    assert rel_err(outputs(loaded, inputs), ref) < TOL
-    loaded = kernelized(integrations, loaded)
-    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
-    assert all(
-        a._kernel_funcs[integrations.LAYER_NAME] is layer
-        for a in loaded.modules()
-        if isinstance(a, models.modeling_module(FAMILY).Qwen3OmniMoeVisionAttention)
-    )
-    assert rel_err(outputs(loaded, inputs), ref) < TOL
+def test_torch_save_of_a_whole_model(kernel, integrations, built, tmp_path):
+    """torch.save of whole models, made kernelizable or kernelized, as the module's docstring
+    says for the installed kernels; loaded in fresh processes, prepared and bare."""
+    saved, outs, marked = {}, {}, {}
+    for family, (eager, inputs, ref) in built.items():
+        for how in ("kernelizable", "kernelized"):
+            model = copy.deepcopy(eager)
+            if how == "kernelizable":
+                integrations.make_kernelizable(model)
+            else:
+                kernelized(integrations, model)
+            name = f"{family}-{how}"
+            saved[name], outs[name] = model, logits(model, inputs)
+            assert rel_err(outs[name], ref) < TOL, name
+        # whether transformers marks every function of the family itself (kernels' hub decorator)
+        patches = [p for (f, _), p in integrations._PATCHED.items() if f == family]
+        marked[family] = all(p.layer_name is not None for p in patches)
+    if not KERNELS_PICKLES:
+        for name, model in saved.items():
+            with pytest.raises(AttributeError, match=r"Can't pickle local object '_create_func_module.<locals>.Func'"):
+                torch.save((model, built[name.split("-")[0]][1]), tmp_path / f"{name}.pt")
+        return
+    for name, model in saved.items():
+        torch.save((model, built[name.split("-")[0]][1]), tmp_path / f"{name}.pt")
+    integrations.restore_transformers()  # this process's patch is not what the children load under
 
+    prepared = _fresh_process(tmp_path, "prepared", list(saved))
+    for name in saved:
+        out = prepared[name]
+        assert isinstance(out, torch.Tensor), f"{name}: {out}"
+        assert rel_err(out, outs[name]) < TOL, f"{name}: rel err {rel_err(out, outs[name]):.2e}"
+        assert (prepared[name + ":ours"] > 0) == name.endswith("kernelized"), name  # the layer kept
 
-def test_the_layer_pickles_as_transformers_function(kernel, integrations):
-    """Pickled on its own, the layer is transformers' global by name: this process's layer
-    while patched, transformers' function once restored. A deepcopy keeps it."""
-    integrations.make_kernelizable(families=[FAMILY])
-    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
-    data = pickle.dumps(layer)
-    assert b"rope_bwd" not in data  # nothing of this package: loads without it
-    assert pickle.loads(data) is layer and copy.deepcopy(layer) is layer
-    integrations.restore_transformers()
-    original = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
-    assert original is not layer and pickle.loads(data) is original
+    bare = _fresh_process(tmp_path, "bare", list(saved))
+    for name in saved:
+        got, (family, how) = bare[name], name.split("-")
+        if not marked[family]:
+            assert got[0] == "TypeError" and "missing required argument 'code'" in got[1], (name, got)
+        elif how == "kernelized":
+            assert got == ("ModuleNotFoundError", f"No module named '{kernel.layers.__name__.split('.')[0]}'"), got
+        else:  # transformers' own rotary, as eager
+            assert isinstance(got, torch.Tensor), (name, got)
+            assert rel_err(got, built[family][2]) < TOL
