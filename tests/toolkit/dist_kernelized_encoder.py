@@ -41,29 +41,29 @@ def kernelized_model(kernel, device):
     # (GeluTanh, with kernels >= 0.19) keep their forward.
     with use_kernel_mapping({integrations.LAYER_NAME: {device.type: repo}}):
         model = kernelize(model, mode=Mode.TRAINING, device=device.type, use_fallback=KernelizeFallback.NO_LAYER)
-    layer = models.modeling_module(FAMILY).apply_rotary_pos_emb_vision
-    assert layer.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward, "not kernelized"
+    funcs = [f for m in model.modules() for f in m.__dict__.get("_kernel_funcs", {}).values()]
+    assert funcs and all(f.forward.__func__ is kernel.layers.ApplyRotaryPosEmbVision.forward for f in funcs)
     return model
 
 
 def counting(kernel):
-    """Counts the kernelized layer's calls of the kernel's rotary (layers.ApplyRotaryPosEmbVision
-    calls the module's apply_rotary_pos_emb_vision), and the gradients that reach their outputs:
-    from there the backward is the kernel's."""
+    """Counts the kernelized layer's calls of the kernel's rotary (each layer's forward calls
+    layers.py's rotary_call once), and the gradients that reach their outputs: from there the
+    backward is the kernel's."""
     counts = {"fwd": 0, "bwd": 0}
-    rotary = kernel.layers.apply_rotary_pos_emb_vision
+    rotary = kernel.layers.rotary_call
 
     def backward_reached(grad):
         counts["bwd"] += 1
 
-    def counted(q, k, cos, sin, **options):
+    def counted(*args, **options):
         counts["fwd"] += 1
-        q_embed, k_embed = rotary(q, k, cos, sin, **options)
+        q_embed, k_embed = rotary(*args, **options)
         if q_embed.requires_grad:
             q_embed.register_hook(backward_reached)
         return q_embed, k_embed
 
-    kernel.layers.apply_rotary_pos_emb_vision = counted
+    kernel.layers.rotary_call = counted
     return counts
 
 
