@@ -12,33 +12,19 @@ under the interpreter), small shapes: the whole set runs in well under a minute.
 import copy
 import inspect
 import re
-from pathlib import Path
 
 import pytest
 import torch
-import transformers
 from kernels import Mode
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from rope_bwd_triton import models
 
 from ..reference import rel_err
-from .test_families import kernelized
+from .test_families import defining_families, kernelized
 from .test_kernelize_transformers import assert_kernelized
 
-_DEF = re.compile(r"^def apply_rotary_pos_emb\(", re.M)
-
-
-def _defining_families() -> list:
-    base = Path(transformers.models.__path__[0])
-    return sorted(
-        d.name
-        for d in base.iterdir()
-        if (d / f"modeling_{d.name}.py").is_file() and _DEF.search((d / f"modeling_{d.name}.py").read_text())
-    )
-
-
-FAMILIES = _defining_families()
+FAMILIES = defining_families("apply_rotary_pos_emb")
 B, S, HQ, HK, D = 2, 5, 4, 2, 16
 R = D - 6  # a partial rotary: 5 pairs, an odd number
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}

@@ -30,19 +30,19 @@ from ..helpers import DEVICES, INTERPRET
 from ..reference import rel_err
 from .test_kernelize_transformers import assert_kernelized, no_tf32, run  # noqa: F401 (no_tf32: a fixture; fp32 is fp32 on CUDA too)
 
-_DEF = re.compile(r"^def apply_rotary_pos_emb_vision\(", re.M)
 
-
-def _defining_families() -> list:
+def defining_families(name: str) -> list:
+    """The families whose modeling module defines the function `name` (this test's own reading)."""
+    pattern = re.compile(rf"^def {name}\(", re.M)
     base = Path(transformers.models.__path__[0])
     return sorted(
         d.name
         for d in base.iterdir()
-        if (d / f"modeling_{d.name}.py").is_file() and _DEF.search((d / f"modeling_{d.name}.py").read_text())
+        if (d / f"modeling_{d.name}.py").is_file() and pattern.search((d / f"modeling_{d.name}.py").read_text())
     )
 
 
-FAMILIES = _defining_families()
+FAMILIES = defining_families("apply_rotary_pos_emb_vision")
 # The families of transformers 5.24, where this was written: those an older release lacks skip.
 KNOWN = (
     "cohere_compass dots3_note ernie4_5_vl_moe exaone4_5 glm4v glm4v_moe glm5_next glm_ocr inkling2 kimi_k25 "

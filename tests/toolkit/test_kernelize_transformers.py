@@ -10,6 +10,7 @@ through kernels' LocalLayerRepository, with the network refused (tests/offline.p
 """
 
 import copy
+import functools
 import re
 
 import pytest
@@ -83,6 +84,12 @@ def assert_kernelized(kernel, model, *layer_names):
     assert got and set(got) == set(layer_names or ["ApplyRotaryPosEmbVision"]), got
 
 
+@pytest.fixture
+def parity(kernel, integrations, rotary_calls):
+    """check_parity on the test's fixtures."""
+    return functools.partial(check_parity, kernel, integrations, rotary_calls)
+
+
 def check_parity(kernel, integrations, rotary_calls, family, *, size, dtype, device, mode, built):
     eager, inputs = build(family, size, dtype, device)
     model = copy.deepcopy(eager)
@@ -109,47 +116,18 @@ def check_parity(kernel, integrations, rotary_calls, family, *, size, dtype, dev
 @pytest.mark.parametrize("built", ["before", "after"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_training_parity(kernel, integrations, rotary_calls, family, dtype, built):
-    check_parity(
-        kernel,
-        integrations,
-        rotary_calls,
-        family,
-        size="tiny",
-        dtype=dtype,
-        device="cpu",
-        mode=Mode.TRAINING,
-        built=built,
-    )
+def test_training_parity(parity, family, dtype, built):
+    parity(family, size="tiny", dtype=dtype, device="cpu", mode=Mode.TRAINING, built=built)
 
 
 @pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl"])
-def test_inference_parity(kernel, integrations, rotary_calls, family):
-    check_parity(
-        kernel,
-        integrations,
-        rotary_calls,
-        family,
-        size="tiny",
-        dtype=torch.bfloat16,
-        device="cpu",
-        mode=Mode.INFERENCE,
-        built="after",
-    )
+def test_inference_parity(parity, family):
+    parity(family, size="tiny", dtype=torch.bfloat16, device="cpu", mode=Mode.INFERENCE, built="after")
 
 
-def test_compile_training_parity(kernel, integrations, rotary_calls):
-    check_parity(
-        kernel,
-        integrations,
-        rotary_calls,
-        "qwen3_omni_moe",
-        size="tiny",
-        dtype=torch.float32,
-        device="cpu",
-        mode=Mode.TRAINING | Mode.TORCH_COMPILE,
-        built="before",
-    )
+def test_compile_training_parity(parity):
+    mode = Mode.TRAINING | Mode.TORCH_COMPILE
+    parity("qwen3_omni_moe", size="tiny", dtype=torch.float32, device="cpu", mode=mode, built="before")
 
 
 @pytest.fixture
@@ -166,10 +144,8 @@ def no_tf32():
 @pytest.mark.parametrize("mode", ALL_MODES, ids=["inference", "training", "training_compile"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", list(REAL))
-def test_real_width_parity_cuda(kernel, integrations, rotary_calls, family, dtype, mode, no_tf32):
-    check_parity(
-        kernel, integrations, rotary_calls, family, size="real", dtype=dtype, device="cuda", mode=mode, built="before"
-    )
+def test_real_width_parity_cuda(parity, family, dtype, mode, no_tf32):
+    parity(family, size="real", dtype=dtype, device="cuda", mode=mode, built="before")
 
 
 @pytest.mark.gpu
