@@ -2,11 +2,12 @@
 
 Random-init vision models built from config objects (no downloads) by the toolkit's models
 module, so these live with the toolkit's tests. The eager twin runs first, while
-transformers' rotary is untouched (the kernelized layer is a module global, shared by
-every model of a family); then the model is kernelized through the user's mapping,
-kernel_mapping(<repo-id>, version=1), and outputs and every parameter's gradient are
-compared. LOCAL_KERNELS names this checkout, so the mapping's layer comes from build/
-through kernels' LocalLayerRepository, with the network refused (tests/offline.py).
+transformers' rotary is untouched (with kernels 0.17 the kernelized layer is the module
+global, shared by every model of a family; with 0.19 each model has its own copy); then the
+model is kernelized through the user's mapping, kernel_mapping(<repo-id>, version=1), and
+outputs and every parameter's gradient are compared. LOCAL_KERNELS names this checkout, so
+the mapping's layer comes from build/ through kernels' LocalLayerRepository, with the network
+refused (tests/offline.py).
 """
 
 import copy
@@ -202,7 +203,7 @@ def attached(model, cls, layer_name):
 
 def decorator_attaches(function):
     """What kernels' use_kernelized_func attaches to a module its decorated class builds, in the
-    installed kernels: the module global itself (kernels < 0.19) or a copy of its own."""
+    installed kernels: the module global itself (kernels 0.17) or a copy of its own (0.19)."""
     probe = use_kernelized_func(function)(type("Probe", (torch.nn.Module,), {}))()
     (attached,) = probe._kernel_funcs.values()
     return "global" if attached is function else "copy"

@@ -6,7 +6,7 @@ the same outputs.
 
 torch.save of a whole model pickles what kernels' decorators attach to its attention modules
 (`_kernel_funcs`), as kernels pickles it:
-- kernels >= 0.19: a per-module copy of the module global, by reference to that global
+- kernels whose function layer pickles (0.19): a per-module copy of the module global, by reference to that global
   (kernels' _rebuild_kernel_func builds one of its class) and, kernelized, its forward by
   reference to this package's layer module. A fresh process that first loads the kernel
   (get_kernel) and calls make_kernelizable(families=[...]) loads the model and gives its
@@ -14,7 +14,7 @@ torch.save of a whole model pickles what kernels' decorators attach to its atten
   loads and runs transformers' rotary; kernelized, its forward names the build's module, which
   is not imported (ModuleNotFoundError); any function transformers does not mark (the vision
   encoders') is a plain function there, which kernels cannot rebuild (TypeError).
-- kernels < 0.19: its function layer is a class local to kernels' factory, which pickle cannot
+- kernels whose function layer does not (0.17): it is a class local to kernels' factory, which pickle cannot
   name: torch.save raises, for a model made kernelizable or kernelized.
 """
 
@@ -29,7 +29,6 @@ import kernels
 import pytest
 import torch
 from kernels import Mode
-from packaging.version import Version
 
 from rope_bwd_triton import models
 
@@ -37,7 +36,14 @@ from ..helpers import REPO_ID
 from ..reference import rel_err
 from .test_kernelize_transformers import assert_kernelized, attached_layers
 
-KERNELS_PICKLES = Version(kernels.__version__) >= Version("0.19")
+
+def _identity(x):
+    return x
+
+
+# Whether kernels' function layers pickle (by reference, from 0.19), or are classes local to its
+# factory (0.17): told by the class kernels makes, not by a version number.
+KERNELS_PICKLES = "__reduce__" in vars(type(kernels.use_kernel_forward_from_hub("Identity")(_identity)))
 TOL = 1e-5  # fp32 outputs of two correct rotaries through the model
 # Tiny float32 models holding both rotary functions (Qwen3-VL) or the decoders' alone (Llama).
 FAMILIES = ("llama", "qwen3_vl")
