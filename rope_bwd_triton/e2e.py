@@ -223,9 +223,9 @@ def run(target: Target, rope, *, tokens, warmup, rounds, per_round, profile_dir=
     kernelized = target.kernelize(copy.deepcopy(eager), mode)
     layer = getattr(modeling, target.name)
     try:
-        forward = getattr(getattr(layer, "forward", None), "__func__", None)
-        if getattr(forward, "__module__", None) != rope.layers.__name__:
-            raise RuntimeError("kernelize kept transformers' rotary: no kernel would be timed")
+        runs = rope.integrations.kernelized_layers(kernelized)
+        if not runs or None in runs:
+            raise RuntimeError(f"kernelize kept transformers' rotary ({runs}): no kernel would be timed")
         if compile:
             # dynamo guards on the rotary global, so each variant gets its own graphs (made in
             # its warm-up) and the rounds switch between them without recompiling.

@@ -10,6 +10,7 @@ patched. `kernels` and `transformers` are imported inside the functions: the pac
 needs only torch.
 """
 
+import functools
 import importlib
 import inspect
 import os
@@ -308,6 +309,35 @@ def _attach(module, function):
         funcs.setdefault(name, entry)
 
 
+def _attach_on_call(cls, function):
+    """From kernels 0.18 on, a class decorated by use_kernelized_func finds its function in each
+    module's `_kernel_funcs` on every call: a module built before the decoration, and not passed
+    to make_kernelizable, gets it at its first call (it then runs transformers' function until
+    it is kernelized)."""
+    decorated = cls.forward
+    name = type(function).kernel_layer_name
+
+    @functools.wraps(decorated)
+    def forward(self, *args, **kwargs):
+        if not torch.compiler.is_compiling() and name not in self.__dict__.get("_kernel_funcs", ()):
+            _attach(self, function)
+        return decorated(self, *args, **kwargs)
+
+    cls.forward = forward
+
+
+def kernelized_layers(model) -> list:
+    """What kernelize made of `model`'s rotaries: for each function that kernels attached to one of
+    its modules, the name of the package's layer it runs, or None where it runs transformers' own.
+    Read from the functions kernels' use_kernelized_func attached (`_kernel_funcs`; kernels has no
+    public view of them), next to `_attach`, the other place that touches them."""
+    from .layers import LAYERS
+
+    names = {cls.forward: v.layer_name for v, cls in LAYERS.items()}
+    funcs = [f for m in model.modules() for f in m.__dict__.get("_kernel_funcs", {}).values()]
+    return [names.get(getattr(getattr(f, "forward", None), "__func__", None)) for f in funcs]
+
+
 def _plan(family: str) -> list:
     """[(module, name, original, variant, attention classes)] of `family`'s rotary functions,
     classified; nothing patched. A ValueError when one cannot be patched."""
@@ -339,10 +369,10 @@ def _patch(family: str, plan) -> None:
         function, saved = original, {}
     else:
         function = kernels.use_kernel_forward_from_hub(name)(original)
-        function.can_torch_compile = True
         saved = {cls: (cls.__dict__.get("__init__"), cls.__dict__.get("forward")) for cls in classes}
         for cls in classes:
             kernels.use_kernelized_func(function)(cls)
+            _attach_on_call(cls, function)
         setattr(module, name_in_module, function)
     _PATCHED[family, name_in_module] = _Patch(module, name_in_module, original, function, saved, marked)
 
