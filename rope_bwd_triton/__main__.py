@@ -17,6 +17,8 @@ class _Parser(argparse.ArgumentParser):
 
 COMMANDS = {
     "build": "build the Hub variants into build/ (torch-cuda, torch-cpu)",
+    "api": "check the package's public API against api/v<version>.json (a removal or change needs a version "
+    "bump); --write regenerates it",
     "bench": "verify, then time ours against the byte floor, a copy of its bytes and the peers, by preset: "
     "suite (the 16 public workloads and the scaling sizes; the demo), realcall (the models' call), copybound "
     "(the best plain Triton copy); JSON, markdown, plot, a table",

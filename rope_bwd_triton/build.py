@@ -1,11 +1,14 @@
-"""Offline twin of kernel-builder's torch-noarch build.
+"""Offline twin of kernel-builder's torch-noarch build (build.toml edition 6).
 
 kernel-builder needs Nix and the network, so this writes the same output:
     build/torch-<backend>/            one variant per backend in build.toml
         <the package's files>         torch-ext/rope_bwd/*, extensions from [torch-noarch] pyext
         _ops.py                       ops namespace _rope_bwd_<backend>_<unique id>
-        metadata.json                 name, id, version, license, python-depends, backend, digest
-        rope_bwd/__init__.py          compatibility directory re-exporting the variant
+        symbols.json                  the public functions and layers (`kernels describe-api`), taken
+                                      from the loaded variant as the builder's get_kernel check does
+        metadata.json                 kernel-builder's fields (`metadata`), the digest of the rest
+With build-layout "zip" (build.toml [general], or --layout), the package's files and _ops.py
+are one archive, <variant>/<id>.zip, which kernels 0.19 imports from (its zipimport loader).
 The unique id comes from the git revision (short hash, `_dirty` when the tree has
 uncommitted changes), so that two builds can be loaded in one process.
 """
@@ -14,24 +17,35 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 from . import REPO_ROOT
+
+LAYOUTS = ("files", "zip")
+# kernels-minver: the oldest kernels the suite runs on (requirements-dev.txt); the zip layout
+# needs 0.19 in any case. Three components: kernels 0.17 and 0.18 parse the field as X.Y.Z.
+KERNELS_MINVER = "0.19.1"
 
 OPS_TEMPLATE = '''import torch
 
 
 def get_backend() -> str:
-    """Detect the backend by inspecting torch."""
+    """The backend this torch runs on, as kernel-builder's noarch builds name it."""
+    if hasattr(torch.backends, "tpu"):
+        return "tpu"
+    if hasattr(torch, "neuron"):  # before cuda: a CUDA torch can load Neuron's extension
+        return "neuron"
     if torch.version.cuda is not None:
         return "cuda"
-    elif torch.version.hip is not None:
+    if torch.version.hip is not None:
         return "rocm"
-    elif torch.backends.mps.is_available():
+    if torch.backends.mps.is_available():
         return "metal"
-    elif hasattr(torch.version, "xpu") and torch.version.xpu is not None:
+    if getattr(torch.version, "xpu", None) is not None:
         return "xpu"
     return "cpu"
 
@@ -46,33 +60,23 @@ def add_op_namespace_prefix(op_name: str) -> str:
     return f"{{_OPS_NAME}}::{{op_name}}"
 '''
 
-COMPAT_TEMPLATE = '''"""Compatibility directory: re-exports the variant one level up, for loaders
-that look for <variant>/{module}/__init__.py."""
-
-import importlib.util
-import json
-import sys
-from pathlib import Path
-
-_root = Path(__file__).resolve().parent.parent
-_name = json.loads((_root / "metadata.json").read_text())["id"]
-if _name not in sys.modules:  # not loaded yet under the id kernels uses
-    _spec = importlib.util.spec_from_file_location(_name, _root / "__init__.py")
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules[_name] = _module
-    _spec.loader.exec_module(_module)
-_variant = sys.modules[_name]
-__all__ = list(_variant.__all__)
-globals().update({{_k: getattr(_variant, _k) for _k in __all__}})
-'''
-
 
 def read_config(root: Path = REPO_ROOT) -> dict:
-    """build.toml, checked by the kernels project's own parser first."""
+    """build.toml, checked first by the parser kernel-builder and kernels share. kernels has
+    no public API for it: kernels._rust.Build (like _hash_variant, the one other private use)."""
     from kernels._rust import Build
 
     Build.open(root)
     return tomllib.loads((root / "build.toml").read_text())
+
+
+def _hash_variant(variant: Path) -> dict:
+    """metadata.json's digest, as kernel-builder's `hash` computes it: every file of the
+    variant but metadata.json. kernels has no public API for it: kernels._rust.Digest."""
+    from kernels._rust import Digest, DigestAlgorithm
+
+    files = Digest.hash_variant(DigestAlgorithm.SHA256, variant).files
+    return {"algorithm": "sha256", "files": dict(sorted(files.items()))}
 
 
 def git_state(root: Path = REPO_ROOT):
@@ -95,15 +99,67 @@ def unique_id(root: Path = REPO_ROOT) -> str:
     return commit[:7] + ("_dirty" if dirty else "")
 
 
-def build_variants(root: Path = REPO_ROOT, out: Path | None = None) -> list[Path]:
-    """Write build/torch-<backend>/ for every backend; returns the variant paths."""
-    from kernels._rust import Digest, DigestAlgorithm, Metadata
+def metadata(config: dict, backend: str, kernel_id: str, layout: str) -> dict:
+    """metadata.json without its digest, in the order and with the fields kernel-builder writes
+    (kernels-data's Metadata): upstream, source and provenance only where there is one (this
+    build is not kernel-builder's, so it claims no builder provenance); backend.archs from
+    [torch-noarch] for CUDA."""
+    general = config["general"]
+    archs = config.get("torch-noarch", {}).get("cuda_capabilities") if backend == "cuda" else None
+    meta = {"name": general["name"], "id": kernel_id, "version": general["version"], "build-layout": layout}
+    meta |= {"kernels-minver": KERNELS_MINVER, "license": general["license"]}
+    meta |= {key: general[key] for key in ("upstream", "source") if key in general}
+    meta |= {"python-depends": general.get("python-depends", []), "kernel-depends": general.get("kernel-depends", [])}
+    meta["backend"] = {"type": backend} | ({"archs": archs} if archs else {})
+    return meta
+
+
+def _write_package(source: Path, exts: set, dest: Path, module: str, uid: str) -> None:
+    for path in sorted(source.rglob("*")):
+        if path.is_file() and path.suffix in exts and "__pycache__" not in path.parts:
+            target = dest / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    (dest / "_ops.py").write_text(OPS_TEMPLATE.format(KERNEL_NAME=module, UNIQUE_ID=uid))
+
+
+def _zip(package: Path, archive: Path) -> None:
+    """The package at the archive's root, entries sorted and dated 1980-01-01: the same
+    sources give the same bytes, hence the same digest."""
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in sorted(p for p in package.rglob("*") if p.is_file()):
+            info = zipfile.ZipInfo(path.relative_to(package).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            z.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
+
+
+def _symbols(fresh: Path, built: list[Path]) -> str:
+    """symbols.json: that of a build in `built` holding the same files (the previous build, or
+    this build's other backend: the package is the same), else from loading `fresh` in a new
+    process (as kernel-builder's get_kernel check loads its output)."""
+    described = [p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file() and p.name != "metadata.json"]
+    for other in built:
+        same = all((other / r).is_file() and (other / r).read_bytes() == (fresh / r).read_bytes() for r in described)
+        if same and (other / "symbols.json").is_file():
+            return (other / "symbols.json").read_text()
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_KERNELS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    script = "import sys; from rope_bwd_triton import api; print(api.symbols_json(sys.argv[1]), end='')"
+    proc = subprocess.run([sys.executable, "-c", script, str(fresh)], env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"loading the built variant {fresh.name} failed:\n{proc.stderr}")
+    return proc.stdout
+
+
+def build_variants(root: Path = REPO_ROOT, out: Path | None = None, layout: str | None = None) -> list[Path]:
+    """Write build/torch-<backend>/ for every backend; returns the variant paths. layout:
+    "files" or "zip" (default: build.toml's build-layout, else "files")."""
+    from kernels import Metadata
 
     config = read_config(root)
     general = config["general"]
-    name = general["name"]
-    module = name.replace("-", "_")
-    source = root / "torch-ext" / module
+    layout = layout or general.get("build-layout", "files")
+    module = general["name"].replace("-", "_")
     exts = {"." + e for e in config.get("torch-noarch", {}).get("pyext", ["py", "pyi"])}
     uid = unique_id(root)
     out = out or root / "build"
@@ -112,28 +168,19 @@ def build_variants(root: Path = REPO_ROOT, out: Path | None = None) -> list[Path
     out.mkdir(parents=True, exist_ok=True)
     for backend in general["backends"]:
         variant = out / f"torch-{backend}"
+        meta = metadata(config, backend, f"_{module}_{backend}_{uid}", layout)
         with tempfile.TemporaryDirectory(dir=out, prefix=f".torch-{backend}-") as scratch:
-            fresh = Path(scratch)
-            for path in sorted(source.rglob("*")):
-                if path.is_file() and path.suffix in exts and "__pycache__" not in path.parts:
-                    dest = fresh / path.relative_to(source)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(path, dest)
-            (fresh / "_ops.py").write_text(OPS_TEMPLATE.format(KERNEL_NAME=module, UNIQUE_ID=uid))
-            (fresh / module).mkdir()
-            (fresh / module / "__init__.py").write_text(COMPAT_TEMPLATE.format(module=module))
-
-            digest = Digest.hash_variant(DigestAlgorithm.SHA256, fresh)
-            metadata = {
-                "name": name,
-                "id": f"_{module}_{backend}_{uid}",
-                "version": general["version"],
-                "license": general["license"],
-                "python-depends": general.get("python-depends", []),
-                "backend": {"type": backend},
-                "digest": {"algorithm": "sha256", "files": dict(sorted(digest.files.items()))},
-            }
-            (fresh / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+            package, fresh = Path(scratch) / "package", Path(scratch) / "variant"
+            _write_package(root / "torch-ext" / module, exts, package, module, uid)
+            if layout == "zip":
+                fresh.mkdir()
+                _zip(package, fresh / f"{meta['id']}.zip")
+            else:
+                package.rename(fresh)
+            (fresh / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+            (fresh / "symbols.json").write_text(_symbols(fresh, [variant, *variants]))
+            meta["digest"] = _hash_variant(fresh)
+            (fresh / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
             Metadata.read_from_file(fresh / "metadata.json")  # the loader's parser must accept it
             _sync(fresh, variant)
         variants.append(variant)
@@ -167,10 +214,16 @@ def repo_id(root: Path = REPO_ROOT) -> str:
 
 def add_arguments(parser):
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <repo>/build)")
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=None,
+        help="variant layout (default: build.toml's build-layout, else files)",
+    )
 
 
 def main(args) -> int:
-    for variant in build_variants(out=args.out):
+    for variant in build_variants(out=args.out, layout=args.layout):
         meta = json.loads((variant / "metadata.json").read_text())
         print(f"built {variant} (id {meta['id']}, {len(meta['digest']['files'])} files)")
     print(f"load with: LOCAL_KERNELS={repo_id()}={REPO_ROOT} and kernels.get_kernel({repo_id()!r}, version=1)")

@@ -1,16 +1,25 @@
-"""The offline build reproduces kernel-builder's torch-noarch output, and the kernels
-project's own parsers and digest check accept it."""
+"""The offline build reproduces kernel-builder's torch-noarch output (build.toml edition 6),
+and the kernels project's own parsers and digest check accept it. Besides kernels' public
+Metadata, the tests use kernels._rust for what has no public API (build.toml's parser, the
+digest)."""
 
-import importlib.util
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from kernels._rust import Backend, Build, Digest, DigestAlgorithm, DigestValidationError, Metadata
+from kernels import Metadata
+from kernels._rust import Backend, Build, BuildLayout, Digest, DigestAlgorithm, DigestValidationError, Version
 
-from rope_bwd_triton import REPO_ROOT
-from rope_bwd_triton.build import build_variants, read_config, unique_id
+from rope_bwd_triton import REPO_ROOT, api
+from rope_bwd_triton.build import KERNELS_MINVER, build_variants, read_config, unique_id
+
+# metadata.json's fields as kernel-builder writes them (kernels-data's Metadata, serde kebab-case),
+# each a property of kernels' public Metadata; upstream, source and provenance only where known.
+BUILDER_FIELDS = {"name", "id", "version", "build-layout", "kernels-minver", "license", "python-depends"}
+BUILDER_FIELDS |= {"kernel-depends", "backend", "digest"}
+OPTIONAL_FIELDS = {"upstream", "source", "provenance"}
 
 
 @pytest.fixture(scope="module")
@@ -19,13 +28,17 @@ def variants(tmp_path_factory):
     return {p.name: p for p in build_variants(out=out)}
 
 
-def test_build_toml_is_accepted_by_kernels():
+def test_build_toml_is_edition_6_and_read_without_a_warning(capfd):
+    """kernels 0.19 upgrades an older edition in memory and prints that the Nix builder needs 6."""
     build = Build.open(REPO_ROOT)
+    config = read_config()
+    assert capfd.readouterr() == ("", "")
     assert sorted(map(str, build.general.backends)) == sorted(map(str, [Backend.CPU, Backend.CUDA]))
-    general = read_config()["general"]
-    assert (general["name"], general["version"], general["edition"]) == ("rope-bwd", 1, 5)
-    assert general["hub"]["repo-id"].endswith("/rope-bwd")
-    assert "json" in read_config()["torch-noarch"]["pyext"]  # tuned configurations ship
+    general = config["general"]
+    assert (general["name"], general["version"], general["edition"]) == ("rope-bwd", 1, 6)
+    assert general["build-layout"] == "files" and general["hub"]["repo-id"].endswith("/rope-bwd")
+    assert "json" in config["torch-noarch"]["pyext"]  # tuned configurations ship
+    assert config["torch-noarch"]["cuda_capabilities"] == ["8.0+PTX"]
 
 
 def test_rebuild_writes_only_what_differs(tmp_path):
@@ -58,17 +71,38 @@ def test_variants_hold_the_package_and_generated_files(variants):
         for p in (REPO_ROOT / "torch-ext" / "rope_bwd").rglob("*")
         if p.is_file() and p.suffix in (".py", ".json") and "__pycache__" not in p.parts
     }
-    for name, path in variants.items():
+    for path in variants.values():
         files = {p.relative_to(path) for p in path.rglob("*") if p.is_file()}
         assert shipped <= files
-        assert files - shipped == {Path("_ops.py"), Path("metadata.json"), Path("rope_bwd/__init__.py")}
-        backend = name.split("-")[1]
+        assert files - shipped == {Path("_ops.py"), Path("metadata.json"), Path("symbols.json")}
         ops = (path / "_ops.py").read_text()
         assert f'f"_rope_bwd_{{get_backend()}}_{unique_id()}"' in ops and "def add_op_namespace_prefix" in ops
-        meta = Metadata.read_from_file(path / "metadata.json")
-        assert (str(meta.name), meta.version, meta.license) == ("rope-bwd", 1, "Apache-2.0")
-        assert meta.id == f"_rope_bwd_{backend}_{unique_id()}"
-        assert meta.backend.backend_type == Backend.from_str(backend) and meta.python_depends == []
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_metadata_has_the_fields_kernel_builder_writes(variants, backend):
+    """The keys are kernel-builder's, each read by kernels' public Metadata to the value meant."""
+    raw = json.loads((variants[f"torch-{backend}"] / "metadata.json").read_text())
+    assert set(raw) == BUILDER_FIELDS
+    properties = {name for name in dir(Metadata) if not name.startswith("_") and name not in ("from_bytes",)}
+    assert {f.replace("-", "_") for f in BUILDER_FIELDS | OPTIONAL_FIELDS} == properties - {"read_from_file"}
+    meta = Metadata.read_from_file(variants[f"torch-{backend}"] / "metadata.json")
+    assert (str(meta.name), meta.version, meta.license) == ("rope-bwd", 1, "Apache-2.0")
+    assert meta.id == f"_rope_bwd_{backend}_{unique_id()}"
+    assert meta.build_layout == BuildLayout.FILES and meta.kernels_minver == Version.from_str(KERNELS_MINVER)
+    assert meta.backend.backend_type == Backend.from_str(backend)
+    assert meta.backend.archs == (["8.0+PTX"] if backend == "cuda" else None)
+    assert (meta.python_depends, meta.kernel_depends, meta.provenance) == ([], [], None)
+
+
+def test_symbols_json_describes_the_loaded_package(kernel, variants):
+    """symbols.json, in every variant and under the digest: the functions and layers of the
+    package that kernels loads (describe-api reads it without importing the kernel)."""
+    want = api.symbols(api.describe(kernel))
+    assert want["functions"] and want["layers"]
+    for path in variants.values():
+        assert json.loads((path / "symbols.json").read_text()) == want
+        assert "symbols.json" in Metadata.read_from_file(path / "metadata.json").digest.files
 
 
 def test_digest_matches_and_detects_tampering(variants, tmp_path):
@@ -87,16 +121,6 @@ def test_get_kernel_picks_the_variant_of_this_torch(kernel):
     variant = Path(kernel.__file__).parent
     assert variant == REPO_ROOT / "build" / ("torch-cuda" if torch.version.cuda else "torch-cpu")
     assert kernel.__name__ == Metadata.read_from_file(variant / "metadata.json").id
-
-
-def test_compatibility_directory_reexports_the_variant(kernel):
-    """<variant>/rope_bwd/__init__.py (for loaders that look there) gives the same objects."""
-    compat = Path(kernel.__file__).parent / "rope_bwd" / "__init__.py"
-    spec = importlib.util.spec_from_file_location("rope_bwd_compat_check", compat)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.__all__ == kernel.__all__
-    assert all(getattr(module, name) is getattr(kernel, name) for name in kernel.__all__)
 
 
 _WITHOUT_TRITON = r"""

@@ -1,8 +1,9 @@
-"""The kernels CLI (kernels 0.17.2) on our build, offline. `kernels info <checkout>` is the
-check that runs offline, and it passes; the others need the Hub, and each fails offline
-for the reason README.md gives (section "Hub CI and publishing"), so a kernels release
-that changes that shows up here. Each runs in a fresh process with HF_HUB_OFFLINE=1,
-KERNELS_CACHE at the offline twin of the upload, and the network refused."""
+"""The kernels CLI (kernels 0.19.1, its `kernels` console script) on our build, offline.
+`kernels info <checkout>` and `kernels describe-api` (on the checkout, on a built variant and
+on the offline twin of the Hub upload) run offline and pass; the others need the Hub, and each
+fails offline for the reason docs/hub.md gives, so a kernels release that changes that shows
+up here. Each runs in a fresh process with HF_HUB_OFFLINE=1, KERNELS_CACHE at the offline twin
+of the upload, and the network refused."""
 
 import json
 import os
@@ -11,15 +12,13 @@ import sys
 
 import pytest
 
-from rope_bwd_triton import REPO_ROOT, publish
+from rope_bwd_triton import REPO_ROOT, api, publish
 from rope_bwd_triton.build import read_config, repo_id
 
-# The CLI imports sigstore (signature checks): a machine without it cannot run these.
-pytest.importorskip("kernels.cli", reason="kernels' CLI needs its optional dependencies (sigstore)")
-
+# The `kernels` command as pip installs it: the console script's entry point.
 CLI = (
-    "import sys; from tests import offline; offline.install(); "
-    "from kernels.cli import main; sys.argv[0] = 'kernels'; sys.exit(main())"
+    "import sys; from importlib.metadata import entry_points; from tests import offline; offline.install(); "
+    "main = entry_points(group='console_scripts')['kernels'].load(); sys.argv[0] = 'kernels'; sys.exit(main())"
 )
 
 
@@ -54,18 +53,47 @@ def test_info_describes_the_build(hub_cache, tmp_path):
     assert info["backends"] == sorted(general["backends"])
 
 
+@pytest.mark.parametrize("where", ["checkout", "variant", "hub cache"])
+def test_describe_api_lists_the_packages_functions_and_layers(kernel, hub_cache, tmp_path, where):
+    """`kernels describe-api` reads symbols.json without importing the kernel: the loaded
+    package's functions and layers, with the layers' flags, wherever the variant is."""
+    variant = "torch-cuda" if "cuda" in kernel.__name__ else "torch-cpu"
+    target, extra = {
+        "checkout": (str(REPO_ROOT), {"path": str(REPO_ROOT), "variant": variant}),
+        "variant": (str(REPO_ROOT / "build" / "torch-cuda"), {"variant": "torch-cuda"}),
+        "hub cache": (repo_id(), {"repo_id": repo_id(), "revision": "v1", "variant": variant}),
+    }[where]
+    options = ["--version", "1"] if where == "hub cache" else []
+    proc = kernels_cli("describe-api", target, *options, "--json", cache=hub_cache, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    described = json.loads(proc.stdout)
+    assert {k: described[k] for k in ("schema_version", "functions", "layers")} == api.symbols(api.describe(kernel))
+    assert {k: described[k] for k in extra} == extra
+    assert {"rope_bwd", "rope_fwd", "apply_rotary_pos_emb_vision"} <= {f["name"] for f in described["functions"]}
+
+
+def test_describe_api_says_what_is_missing(hub_cache, tmp_path):
+    """A variant without symbols.json (a build by an older builder) is named, not a traceback."""
+    variant = tmp_path / "torch-cpu"
+    variant.mkdir()
+    (variant / "metadata.json").write_bytes((REPO_ROOT / "build" / "torch-cpu" / "metadata.json").read_bytes())
+    proc = kernels_cli("describe-api", str(variant), cache=hub_cache, cwd=tmp_path)
+    assert proc.returncode == 1 and "No symbols.json found" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize(
     "command,reason",
     [
         # moved out of the kernels CLI; kernel-builder's build runs its checks in hub CI
         (["check"], "`kernels check` has moved to `kernel-builder check-abi`"),
-        # lists the version branch's build/ through the Hub API
+        # list the version branch's build/ through the Hub API (`versions` is deprecated for it)
         (["versions", "{repo}"], "OfflineModeIsEnabled"),
-        # asks the Hub whether the publisher is trusted before anything else
+        (["variants", "{repo}"], "OfflineModeIsEnabled"),
+        # ask the Hub whether the publisher is trusted before anything else
         (["verify-signature", "{repo}", "1"], "could not verify publisher trust status"),
         (["lock", "{project}"], "could not verify publisher trust status"),
     ],
-    ids=["check", "versions", "verify-signature", "lock"],
+    ids=["check", "versions", "variants", "verify-signature", "lock"],
 )
 def test_hub_commands_say_why_they_do_not_run_offline(hub_cache, tmp_path, command, reason):
     project = tmp_path / "project"  # a project that depends on the kernel, for `kernels lock`

@@ -25,7 +25,7 @@ VARIANT_FILES = {
     "ops.py",
     "layers.py",
     "integrations.py",
-    "rope_bwd/__init__.py",
+    "symbols.json",
 }
 
 USER_CALLS = textwrap.dedent("""

@@ -13,6 +13,7 @@ take derivatives.py's Functions. CUDA tensors run the kernel, CPU and float64 ro
 import functools
 import logging
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -26,11 +27,29 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _use_triton(q: Tensor, k: Tensor, table: Tensor) -> bool:
-    """CUDA tensors run the kernel; eager CPU tensors too under TRITON_INTERPRET=1 (traced CPU
-    calls fuse rotary_torch's math). float64 runs rotary_torch: the kernel computes in float32."""
+    """CUDA tensors run the kernel where Triton runs it (_triton_runs_on); eager CPU tensors too
+    under TRITON_INTERPRET=1 (traced CPU calls fuse rotary_torch's math). float64 runs
+    rotary_torch: the kernel computes in float32."""
     if torch.float64 in (q.dtype, k.dtype, table.dtype):
         return False
-    return q.is_cuda or (_INTERPRET and type(q) is Tensor)
+    return _triton_runs_on(q.device) if q.is_cuda else _INTERPRET and type(q) is Tensor
+
+
+@functools.cache
+def _triton_runs_on(device: torch.device) -> bool:
+    """Whether Triton imports and the GPU's capability is one build.toml declares ("8.0+PTX":
+    8.0 and later). Else the GPU's tensors take rotary_torch, and a warning says why, once."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        reason = "Triton is not installed"
+    else:
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) >= (8, 0):
+            return True
+        reason = f"CUDA capability {major}.{minor} is below 8.0, the oldest Triton supports"
+    warnings.warn(f"rope-bwd: {reason}: {device} runs the PyTorch path, not the Triton kernel", stacklevel=2)
+    return False
 
 
 @functools.cache

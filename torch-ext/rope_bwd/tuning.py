@@ -4,17 +4,18 @@
 {bucket: {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}} (see `bucket`), written by the toolkit's
 `tune` on that GPU. A Triton uses the table of the newest version key not above its own (tile
 layouts change between Triton releases, and with them the best configuration). Unknown GPUs,
-versions and buckets get `default_config`. Nothing is autotuned at a user's call.
+versions and buckets get `default_config`. Nothing is autotuned at a user's call. The files
+are read as the package's resources, so that a variant in kernels' zip layout finds them too.
 """
 
 import functools
+import importlib.resources
 import json
 import re
-from pathlib import Path
 
 import torch
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+CONFIG_DIR = importlib.resources.files(__package__) / "configs"
 MODES = ("fwd", "bwd", "bwd_qk")  # forward; backward with the table gradient; backward of q/k only
 BUCKET_TOPS = (256, 1024, 4096, 16384)  # S buckets: S <= each top, then "Sbig"
 BIG = 65536  # the S that stands for "Sbig"
@@ -54,7 +55,8 @@ def _version_tuple(v: str) -> tuple:
     return tuple(int(n) for n in v.split("."))
 
 
-def config_file(device_name: str) -> Path:
+def config_file(device_name: str):
+    """The GPU's file (an importlib.resources Traversable: a path, or a member of the zip)."""
     return CONFIG_DIR / (device_name.replace(" ", "_").replace("/", "_") + ".json")
 
 
@@ -62,7 +64,7 @@ def config_file(device_name: str) -> Path:
 def tuned_table(device_name: str, version: str) -> dict:
     """The table of the newest version key of the GPU's file not above `version`; {} if none."""
     path = config_file(device_name)
-    tables = json.loads(path.read_text()) if path.exists() else {}
+    tables = json.loads(path.read_text()) if path.is_file() else {}
     keys = [v for v in tables if _version_tuple(v) <= _version_tuple(version)]
     return tables[max(keys, key=_version_tuple)] if keys else {}
 
