@@ -61,8 +61,8 @@ def test_a_breaking_change_needs_a_version_bump(repo, described, change, line):
 
 
 def test_an_addition_needs_only_a_regeneration(repo, described):
-    new = _changed(described, lambda d: d["functions"].update(kernelize_rotary="(model)"))
-    assert api.check(new, 1, repo) == ["added function kernelize_rotary", api.check(new, 1, repo)[-1]]
+    new = _changed(described, lambda d: d["functions"].update(unrotate="(q, k)"))
+    assert api.check(new, 1, repo) == ["added function unrotate", api.check(new, 1, repo)[-1]]
     assert "no bump needed" in api.check(new, 1, repo)[-1] and "api --write" in api.check(new, 1, repo)[-1]
     api.write(new, 1, repo)
     assert api.check(new, 1, repo) == []
