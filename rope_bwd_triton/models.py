@@ -318,7 +318,14 @@ def make_qwen3_omni(*, dtype=torch.float32, device="cpu", seed=0):
         ),
         enable_audio_output=True,
     )
-    return _built(modeling_module(OMNI).Qwen3OmniMoeForConditionalGeneration, cfg, dtype, device, seed)
+    model = _built(modeling_module(OMNI).Qwen3OmniMoeForConditionalGeneration, cfg, dtype, device, seed)
+    # transformers' _init_weights leaves the talker's experts as torch.empty made them (whatever the
+    # memory held, NaN at times): drawn here, after the seeded build, as the thinker's are
+    with torch.no_grad():
+        for name, p in model.talker.named_parameters():
+            if ".experts." in name:
+                p.normal_(0.0, cfg.initializer_range)
+    return model
 
 
 WHOLE = {"qwen3_vl": make_qwen3_vl, OMNI: make_qwen3_omni}  # family -> tiny whole-model factory
