@@ -83,6 +83,7 @@ def assert_kernelized(kernel, model, *layer_names):
     them at least one (ApplyRotaryPosEmbVision by default)."""
     got = attached_layers(kernel, model)
     assert got and set(got) == set(layer_names or ["ApplyRotaryPosEmbVision"]), got
+    assert kernel.integrations.kernelized_layers(model) == got  # the package's own view says the same
 
 
 @pytest.fixture
