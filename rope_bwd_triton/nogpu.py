@@ -82,13 +82,7 @@ def render_plot(run, path, draw_times) -> bool:
         (line,) = ax_v.plot([S for S, _, _ in mine], [e for _, e, _ in mine], "-o", ms=3, label=f"worst error: {task}")
         ax_v.axhline(mine[0][2], color=line.get_color(), ls="--", lw=1, label=f"tolerance: {task}")
     verdict = "all within tolerance" if all(r[7] for r in rows) else "SOME OUTSIDE TOLERANCE"
-    ax_v.set(
-        xscale="log",
-        yscale="log",
-        xlabel="S (tokens)",
-        ylabel="relative error against float64",
-        title=f"This machine (CPU): ours against float64,\n{verdict}",
-    )
+    output.against_s(ax_v, "relative error against float64", f"This machine (CPU): ours against float64,\n{verdict}")
     rec = recorded()
     draw_times(ax_t, [rec], tasks=tasks(run))
     where = source(rec).replace(" (", "\n(")  # the file on a line of its own

@@ -236,13 +236,7 @@ def draw_times(ax_t, runs, ax_b=None, tasks=None):
         ax_t.plot([s for s, _ in pts], [r["time"]["mean_us"] for _, r in pts], style, ms=3, label=label)
         if ax_b is not None:
             ax_b.plot([s for s, _ in pts], [r["GBps"] for _, r in pts], style, ms=3, label=label)
-    ax_t.set(
-        xscale="log",
-        yscale="log",
-        xlabel="S (tokens)",
-        ylabel="us per call (cold L2)",
-        title=f"time, H={H} D={D}, {runs[0]['meta']['gpu']}",
-    )
+    output.against_s(ax_t, "us per call (cold L2)", f"time, H={H} D={D}, {runs[0]['meta']['gpu']}")
 
 
 def terminal_table(run) -> str:
