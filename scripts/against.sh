@@ -3,9 +3,9 @@
 # (requirements-oldest.txt: the oldest the README supports; requirements-newest.txt: what a
 # fresh `pip install` gives): those releases installed without dependencies into
 # .venv/<file's name> and laid over .venv (the pinned set serves their dependencies), then the
-# package's kernels_ci tests (what hub CI runs on the built variant) and the tests that go through
-# kernels and transformers: the layers, every family of that transformers, saved models, training
-# parity. Further arguments go to both pytest runs.
+# tests that go through kernels and transformers: the layers, every family of that transformers,
+# saved models, training parity. Further arguments go to pytest. (The kernels_ci tests, which need
+# no transformers, run with each file's kernels in scripts/hub-ci.sh.)
 #   bash scripts/against.sh requirements-oldest.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +31,5 @@ got = {name: md.version(name) for name, _ in pins}
 assert got == dict(pins), f"not laid over .venv: {got}"
 print(f"{sys.argv[1]}:", ", ".join(f"{n} {v}" for n, v in got.items()))
 PY
-pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
-# the package's kernels_ci tests, as hub CI collects them (its copy of tests/ has no toolkit)
-"${pytest[@]}" tests -m kernels_ci --ignore=tests/toolkit "$@"
-"${pytest[@]}" tests/test_kernelize.py tests/toolkit/test_families.py tests/toolkit/test_kernelize_transformers.py \
-  tests/toolkit/test_pickle.py tests/toolkit/test_e2e.py "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_kernelize.py tests/toolkit/test_families.py \
+  tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py tests/toolkit/test_e2e.py "$@"

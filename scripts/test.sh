@@ -4,9 +4,9 @@
 # the package tests again with TRITON_INTERPRET=1, so that the Triton kernel itself runs in
 # Triton's interpreter on CPU tensors (only the cases marked `interpret`: each kernel branch
 # and layout once, on small shapes; tests/conftest.py), then hub CI's test step in its own
-# environment with the oldest and the newest kernels (scripts/hub-ci.sh), the kernels_ci tests
-# and those that go through kernels and transformers on the oldest releases the README supports
-# and on the newest (scripts/against.sh with requirements-oldest.txt, requirements-newest.txt),
+# environment with the oldest and the newest kernels (scripts/hub-ci.sh), the tests that go
+# through kernels and transformers on the oldest releases the README supports and on the newest
+# (scripts/against.sh with requirements-oldest.txt, requirements-newest.txt),
 # and the workflows' lint. Arguments go to the first two pytest runs. Every pytest run prints
 # its skips by reason and fails on one outside tests/skips.py's short list.
 # Each stage's wall time is printed at the end.
