@@ -92,6 +92,11 @@ def pyplot(command: str, path):
     return plt
 
 
+def against_s(ax, ylabel: str, title: str):
+    """Log-log axes of a figure against S."""
+    ax.set(xscale="log", yscale="log", xlabel="S (tokens)", ylabel=ylabel, title=title)
+
+
 def save_figure(fig, path):
     """Lays fig out, writes it to path (its folder made first) and closes it. A log x axis (S) is
     labelled at powers of two, without the minor labels, which overlap on a narrow range."""

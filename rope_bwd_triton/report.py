@@ -6,7 +6,7 @@ import os
 import statistics
 from pathlib import Path
 
-from . import output, suite
+from . import nogpu, output, suite
 from .measure import TASKS
 
 
@@ -152,9 +152,9 @@ def _run_markdown(run) -> str:
 METHOD = """\
 Method (docs/design.md, section 7): GPU time of one call on a cold L2 (a buffer of 2x the
 L2 size is zeroed before each call, with evict_last stores and then again with default
-ones, so that lines read with evict_last priority go too; runs before 2026-11-30 09:23
-UTC zeroed it once), the GPU kept busy by `torch.cuda._sleep` while
-the host enqueues, mean over the calls of a workload. Each call is timed two ways
+ones, so that lines read with evict_last priority go too), the GPU kept busy by
+`torch.cuda._sleep` while the host enqueues, mean over the calls of a workload, which
+its implementations take in turns over rotating rounds. Each call is timed two ways
 at once: the kernel span (as SOL-ExecBench: from the start of the first kernel,
 memset or memcpy the call launched to the end of the last, read from CUPTI through
 torch.profiler) and CUDA events around the call; the Timer line of a run says which
@@ -186,22 +186,42 @@ def render_markdown(runs, plot_path=None, md_path=None) -> str:
         title = "Run" if len(runs) == 1 else f"Run {i + 1}"
         sets = " and ".join(dict.fromkeys(w["set"] for w in run["workloads"]))  # in run order
         parts += [f"## {title}: {sets} workloads", "", _run_markdown(run)]
+    if not runs[-1]["meta"]["gpu"]:  # what the timings of a GPU are: those recorded
+        parts += [f"## Timings {nogpu.provenance(nogpu.recorded())}", "", *_suite_table(nogpu.recorded())]
     return "\n".join(parts)
 
 
 def render_plot(runs, path) -> bool:
-    """Draws the plot; False where matplotlib is missing."""
+    """Draws the plot; False where matplotlib is missing. A CPU run: its verification and the
+    recorded H200 times instead (nogpu.py)."""
+    if not runs[0]["meta"]["gpu"]:
+        return nogpu.render_plot(runs[-1], path, draw_times)
     plt = output.pyplot("bench", path)
     if plt is None:
         return False
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(14, 5.5))
+    draw_times(ax_t, runs, ax_b)
+    for run in runs:
+        ax_b.axhline(run["copy"]["GBps"], color="k", ls="--", lw=1)
+    ax_b.plot([], [], "k--", lw=1, label="copy bandwidth (the floor)")
+    ax_b.set(xscale="log", xlabel="S (tokens)", ylabel="GB/s (floor bytes / time)", title="achieved bandwidth")
+    for ax in (ax_t, ax_b):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    output.save_figure(fig, path)
+    return True
+
+
+def draw_times(ax_t, runs, ax_b=None, tasks=None):
+    """Time per call against S of every implementation of GPU runs (of `tasks` alone if given),
+    with the floors, on ax_t (and the achieved bandwidth on ax_b)."""
     # The (H, D) with the most workloads: an S axis needs one head shape.
     shapes = [(w["H"], w["D"]) for run in runs for w in run["workloads"]]
     H, D = max(set(shapes), key=shapes.count)
     ws = sorted(
         ((w, run) for run in runs for w in run["workloads"] if (w["H"], w["D"]) == (H, D)), key=lambda p: p[0]["S"]
     )
-    impls = {n: i for run in runs for n, i in run["impls"].items()}
-    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(14, 5.5))
+    impls = {n: i for run in runs for n, i in run["impls"].items() if tasks is None or i["task"] in tasks}
     measured = {i["task"] for i in impls.values()}
     for task, style in ((t, style) for t, style in (("bwd", "k--"), ("bwd_qk", "k:")) if t in measured):
         ax_t.plot(
@@ -214,35 +234,20 @@ def render_plot(runs, path) -> bool:
         style = "-o" if name.startswith("ours") else (":" if name.startswith("copy") else "--s")
         label = f"{info['label']} [{info['task']}]"
         ax_t.plot([s for s, _ in pts], [r["time"]["mean_us"] for _, r in pts], style, ms=3, label=label)
-        ax_b.plot([s for s, _ in pts], [r["GBps"] for _, r in pts], style, ms=3, label=label)
-    for run in runs:
-        ax_b.axhline(run["copy"]["GBps"], color="k", ls="--", lw=1)
-    ax_b.plot([], [], "k--", lw=1, label="copy bandwidth (the floor)")
-    gpu = runs[0]["meta"]["gpu"]
-    ax_t.set(
-        xscale="log",
-        yscale="log",
-        xlabel="S (tokens)",
-        ylabel="us per call " + ("(cold L2)" if gpu else "(CPU wall clock)"),
-        title=f"time, H={H} D={D}, {gpu or 'CPU (timings meaningless)'}",
-    )
-    ax_b.set(xscale="log", xlabel="S (tokens)", ylabel="GB/s (floor bytes / time)", title="achieved bandwidth")
-    ax_t.grid(True, which="both", alpha=0.3)
-    ax_b.grid(True, which="both", alpha=0.3)
-    ax_t.legend(fontsize=7)
-    ax_b.legend(fontsize=7)
-    output.save_figure(fig, path)
-    return True
+        if ax_b is not None:
+            ax_b.plot([s for s, _ in pts], [r["GBps"] for _, r in pts], style, ms=3, label=label)
+    output.against_s(ax_t, "us per call (cold L2)", f"time, H={H} D={D}, {runs[0]['meta']['gpu']}")
 
 
 def terminal_table(run) -> str:
-    """Ours per workload and task (the demo's view): error, SOL pass fraction, time and, on a GPU,
-    the floor, x floor and achieved bandwidth; then the suite means."""
+    """Ours per workload and task (the demo's view): error, SOL pass fraction, time, the floor, x
+    floor and achieved bandwidth; then the suite means. A CPU run: nogpu.terminal_table."""
     from tabulate import tabulate
 
     gpu = run["meta"]["gpu"]
-    header = ["S", "H", "D", "task", "max rel err", "SOL pass", "us/call"]
-    header += ["floor us", "x floor", "GB/s"] if gpu else []
+    if not gpu:
+        return nogpu.terminal_table(run)
+    header = ["S", "H", "D", "task", "max rel err", "SOL pass", "us/call", "floor us", "x floor", "GB/s"]
     rows = []
     for w in run["workloads"]:
         for name, r in w["results"].items():
@@ -262,13 +267,12 @@ def terminal_table(run) -> str:
                 f"{100 * check['sol_pass_fraction']:.1f}%",
             ]
             row.append(f"{r['time']['mean_us']:.1f}" + ("" if check["ok"] else "  FAILED"))
-            if gpu:
-                row += [f"{w['floors'][task]['us']:.1f}", f"{r['x_floor']:.2f}", f"{r['GBps']:.0f}"]
+            row += [f"{w['floors'][task]['us']:.1f}", f"{r['x_floor']:.2f}", f"{r['GBps']:.0f}"]
             rows.append(row)
     lines = [tabulate(rows, header, disable_numparse=True, colalign=("right",) * len(header))]
     summary = run["summary"]
     for name, s in summary.get("impls", {}).items():
         if name.startswith("ours"):
-            where = f"floor {s['floor_us']:.1f} us ({s['x_floor']:.2f}x) on {gpu}" if gpu else "CPU wall clock"
+            where = f"floor {s['floor_us']:.1f} us ({s['x_floor']:.2f}x) on {gpu}"
             lines.append(f"{run['impls'][name]['label']}: mean over {summary['over']}: {s['mean_us']:.1f} us, {where}")
     return "\n".join(lines)

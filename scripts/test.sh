@@ -4,9 +4,11 @@
 # the package tests again with TRITON_INTERPRET=1, so that the Triton kernel itself runs in
 # Triton's interpreter on CPU tensors (only the cases marked `interpret`: each kernel branch
 # and layout once, on small shapes; tests/conftest.py), then hub CI's test step in its own
-# environment (scripts/hub-ci.sh), the tests that go through kernels and transformers on their
-# newest releases (scripts/newest.sh) and the workflows' lint. Arguments go to the first two
-# pytest runs.
+# environment with the oldest and the newest kernels (scripts/hub-ci.sh), the tests that go
+# through kernels and transformers on the oldest releases the README supports and on the newest
+# (scripts/against.sh with requirements-oldest.txt, requirements-newest.txt),
+# and the workflows' lint. Arguments go to the first two pytest runs. Every pytest run prints
+# its skips by reason and fails on one outside tests/skips.py's short list.
 # Each stage's wall time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,7 @@ stage setup bash scripts/setup.sh
 stage ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'  # configured in pyproject.toml
 stage suite $PY -m pytest -q "$@"
 stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q tests/test_*.py "$@"
-stage hub-ci bash scripts/hub-ci.sh
-stage newest bash scripts/newest.sh
+stage hub-ci bash scripts/hub-ci.sh requirements-oldest.txt requirements-newest.txt
+stage oldest bash scripts/against.sh requirements-oldest.txt
+stage newest bash scripts/against.sh requirements-newest.txt
 stage lint-workflows bash scripts/lint-workflows.sh

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from . import offline
+from . import offline, skips
 from .helpers import HAS_CUDA, INTERPRET, REPO_ID, ROOT
 
 # The toolkit's tests need the repository's toolkit next to tests/; hub CI's copy holds
@@ -44,6 +44,8 @@ def pytest_configure(config):
         "filterwarnings", "error:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning"
     )
     offline.install()
+    if not config.pluginmanager.has_plugin("tests.skips"):  # `-p tests.skips` registers it too
+        config.pluginmanager.register(skips, "tests.skips")
 
 
 def pytest_report_header(config):

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") == "1", reason="compiles the JIT kernel, which the interpreter replaces"
+    os.environ.get("TRITON_INTERPRET") == "1",
+    reason="compiles the JIT kernel (the interpreter replaces it): runs only without TRITON_INTERPRET=1",
 )
 PTRS = (
     "in_q_ptr",

@@ -312,7 +312,7 @@ def test_launch_configurations(kernel, device, cfg, mode, shape, gen, plan_const
     blocks, the tail of partial rotary, interleaved pairs, and both store paths (whole-row
     stores where half rows share 32-byte sectors and no table gradient is summed)."""
     if device == "cpu" and not INTERPRET:
-        pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
+        pytest.skip("the Triton kernel on CPU tensors: runs only under TRITON_INTERPRET=1")
     launch_and_check(submodule(kernel, "launch"), mode, CONFIGS[cfg], shape, torch.float32, device, gen)
     row_store = SHAPES[shape][3] and not MODES[mode][4]
     assert [c["ROW_STORE"] for c in plan_constexprs] == [row_store]
@@ -330,7 +330,7 @@ def test_both_places_of_the_halves_axis(kernel, device, regs_first, mode, shape,
     thing (the other one is what another Triton version runs), with whole-row stores or not,
     with a tail."""
     if device == "cpu" and not INTERPRET:
-        pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
+        pytest.skip("the Triton kernel on CPU tensors: runs only under TRITON_INTERPRET=1")
     launch = submodule(kernel, "launch")
     monkeypatch.setattr(launch, "REGS_FIRST", regs_first)
     cfg = dict(BLOCK_S=2, BLOCK_D=32, BLOCK_R=4, num_warps=1)
@@ -344,7 +344,9 @@ def test_gradcheck_torch_path(kernel, interleaved):
     """float64 gradcheck of the custom op's autograd (CPU PyTorch path), tables and q/k; the
     vision form also with interleaved pairs and partial rotary."""
     if INTERPRET:
-        pytest.skip("float64 is a PyTorch-path feature; the Triton kernel computes in float32")
+        pytest.skip(
+            "float64, a PyTorch-path feature (the kernel computes in float32): runs only without TRITON_INTERPRET=1"
+        )
     g = torch.Generator().manual_seed(0)
     q, k = (
         torch.randn(4, 2, 8, generator=g, dtype=torch.float64),

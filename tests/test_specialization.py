@@ -175,7 +175,7 @@ CASES = [  # (layout, tables, mode, dtype, heads, head_dim, rotated channels, in
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(not INTERPRET, reason="records the Triton launches of CPU tensors: needs TRITON_INTERPRET=1")
+@pytest.mark.skipif(not INTERPRET, reason="records the launches of CPU tensors: runs only under TRITON_INTERPRET=1")
 @pytest.mark.parametrize(
     "layout,tables,mode,dtype,H,D,R,interleaved",
     CASES,
@@ -205,7 +205,7 @@ def test_bounded_compilations(kernel, gen, monkeypatch, layout, tables, mode, dt
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(not INTERPRET, reason="the launch path of CPU tensors: needs TRITON_INTERPRET=1")
+@pytest.mark.skipif(not INTERPRET, reason="the launch path of CPU tensors: runs only under TRITON_INTERPRET=1")
 def test_plan_cache_does_not_grow_with_sizes(kernel, gen):
     """The launch path's caches are keyed by layout and tuning bucket, not by S."""
     launch = _launch(kernel)

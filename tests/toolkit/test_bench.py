@@ -83,10 +83,11 @@ def test_quick_suite_writes_json_markdown_and_plot(quick_run):
 
 
 def test_demo_loads_through_get_kernel_and_verifies_every_row(tmp_path):
-    """scripts/demo.sh's run on two sizes of the public shape (16 heads of 128, fp32)."""
+    """scripts/demo.sh's run on two sizes of the public shape (16 heads of 128, fp32 and bf16);
+    without a GPU its table shows the verification and the H200 figures, labelled as recorded."""
     files = _files(tmp_path, "demo")
-    out = _bench("--preset", "suite", "--tasks", "bwd", "--peers", "", "--seq-lens", "3", "17", "--calls", "2",
-                 *_flags(files))  # fmt: skip
+    out = _bench("--preset", "suite", "--tasks", "bwd,bwd_bf16", "--peers", "", "--seq-lens", "3", "17",
+                 "--calls", "2", *_flags(files))  # fmt: skip
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (the package's PyTorch path runs;"
     assert "through kernels.get_kernel" in out and f"device: {where}" in out
     assert out.splitlines()[-2].endswith("all pass")
@@ -94,13 +95,22 @@ def test_demo_loads_through_get_kernel_and_verifies_every_row(tmp_path):
     assert [(w["S"], w["H"], w["D"]) for w in run["workloads"]] == [(3, 16, 128), (17, 16, 128)]
     assert run["meta"]["calls"] == 2 and run["meta"]["command"].startswith("python -m rope_bwd_triton bench ")
     for w in run["workloads"]:
-        assert list(w["results"]) == ["ours_bwd"]
-        r = w["results"]["ours_bwd"]
-        assert r["verify"]["ok"] and r["verify"]["max_rel_err"] < suite.TOLERANCE["float32"]
-        assert r["verify"]["sol_pass_fraction"] == 1.0
-        assert r["verify"]["rows"] == w["S"]  # every token row
-        assert r["time"]["n"] == 2
+        assert list(w["results"]) == ["ours_bwd", "ours_bwd_bf16"]
+        for name, dtype in (("ours_bwd", "float32"), ("ours_bwd_bf16", "bfloat16")):
+            r = w["results"][name]
+            assert r["verify"]["ok"] and r["verify"]["max_rel_err"] < suite.TOLERANCE[dtype]
+            assert r["verify"]["sol_pass_fraction"] == 1.0
+            assert r["verify"]["rows"] == w["S"]  # every token row
+            assert r["time"]["n"] == 2
     assert files["plot"].stat().st_size > 0
+    if not torch.cuda.is_available():
+        table = out[out.index("Verification of ours against float64 on this machine") :]
+        assert "us/call" not in table and table.count("  yes") == 4  # 2 sizes x 2 dtypes, no timings
+        recorded = "recorded on NVIDIA H200 at commit 6e9a4bc, 2026-12-01 20:33 UTC: torch 2.11.0+cu130"
+        assert f"Timings of these tasks {recorded}" in table
+        assert "ours: rope_bwd(out=) [full backward, fp32]: 20.7 us, 1.14x the byte floor" in table
+        assert "q/k-only" not in table  # a task the run did not measure
+        assert f"## Timings {recorded}" in files["markdown"].read_text()
 
 
 def test_copy_reference_moves_each_tasks_floor_bytes():

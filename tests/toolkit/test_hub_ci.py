@@ -85,7 +85,8 @@ def test_flake_generates_kernel_builders_outputs():
 def test_workflows_use_outputs_kernel_builder_defines():
     for path in sorted(WORKFLOWS.glob("*.yaml")):
         targets = re.findall(r"\.#([\w-]+)", runs(workflow(path.name)))
-        assert targets and set(targets) <= FLAKE_OUTPUTS, (path.name, targets)
+        assert set(targets) <= FLAKE_OUTPUTS, (path.name, targets)
+        assert targets or path.name == "api.yaml", path.name  # the API check is the toolkit's
 
 
 def test_actions_are_pinned_to_commits():
@@ -106,6 +107,22 @@ def test_pull_requests_build_every_backend_and_run_the_kernels_ci_tests():
         ('nix build -L ".#backendCi.$BACKEND"', {"BACKEND": "${{ matrix.backend }}"})
     ]
     assert [s["run"] for s in jobs["test"]["steps"] if "run" in s] == ["nix run -L .#ci-test"]
+
+
+def test_a_gpu_runner_runs_the_kernels_ci_tests_and_refuses_to_skip_them():
+    """As kernels-community's ci-test on their GPU runner group; tests/skips.py fails the run
+    where torch sees no GPU there."""
+    job = workflow("build.yaml")["jobs"]["gpu-test"]
+    assert job["runs-on"] == {"group": "aws-g6-12xlarge-plus"}
+    scripts = [s for s in job["steps"] if "run" in s]
+    assert "/run/opengl-driver/lib" in scripts[0]["run"] and "nvidia-smi" in scripts[0]["run"]
+    assert [(s["run"], s.get("env")) for s in scripts[1:]] == [("nix run -L .#ci-test", {"ROPE_EXPECT_CUDA": "1"})]
+
+
+def test_pull_requests_check_the_public_api():
+    wf = workflow("api.yaml")
+    assert "pull_request" in wf["on"]
+    assert runs(wf).strip().endswith(".venv/bin/python -m rope_bwd_triton api --check")
 
 
 def test_a_release_tag_builds_signs_then_uploads():

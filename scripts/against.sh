@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The package against the kernels and transformers releases of one environment file
+# (requirements-oldest.txt: the oldest the README supports; requirements-newest.txt: what a
+# fresh `pip install` gives): those releases installed without dependencies into
+# .venv/<file's name> and laid over .venv (the pinned set serves their dependencies), then the
+# tests that go through kernels and transformers: the layers, every family of that transformers,
+# saved models, training parity. Further arguments go to pytest. (The kernels_ci tests, which need
+# no transformers, run with each file's kernels in scripts/hub-ci.sh.)
+#   bash scripts/against.sh requirements-oldest.txt
+set -euo pipefail
+cd "$(dirname "$0")/.."
+env_file=${1:?usage: scripts/against.sh <requirements file with kernels and transformers pins> [pytest args]}
+shift
+bash scripts/setup.sh
+site=.venv/$(basename "$env_file" .txt)
+want=$(sha256sum "$env_file" | cut -d' ' -f1)
+if [ "$(cat "$site/.requirements.sha" 2>/dev/null)" != "$want" ]; then
+  rm -rf "$site"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --target "$site" -r "$env_file"
+  echo "$want" > "$site/.requirements.sha"
+fi
+export PYTHONPATH=$site
+.venv/bin/python - "$env_file" <<'PY'
+import importlib.metadata as md
+import pathlib
+import re
+import sys
+
+pins = re.findall(r"^(\w+)==(\S+)", pathlib.Path(sys.argv[1]).read_text(), re.M)
+got = {name: md.version(name) for name, _ in pins}
+assert got == dict(pins), f"not laid over .venv: {got}"
+print(f"{sys.argv[1]}:", ", ".join(f"{n} {v}" for n, v in got.items()))
+PY
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_kernelize.py tests/toolkit/test_families.py \
+  tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py tests/toolkit/test_e2e.py "$@"
