@@ -26,9 +26,10 @@ from pathlib import Path
 from . import REPO_ROOT
 
 LAYOUTS = ("files", "zip")
-# kernels-minver: the oldest kernels the suite runs on (requirements-dev.txt); the zip layout
-# needs 0.19 in any case. Three components: kernels 0.17 and 0.18 parse the field as X.Y.Z.
-KERNELS_MINVER = "0.19.1"
+# kernels-minver, by layout: the oldest supported kernels (requirements-oldest.txt), which checks
+# the field before loading; the zip layout needs 0.19, the oldest run with it is 0.19.1. Three
+# components: kernels 0.17 and 0.18 parse the field as X.Y.Z.
+KERNELS_MINVER = {"files": "0.18.3", "zip": "0.19.1"}
 
 OPS_TEMPLATE = '''import torch
 
@@ -107,7 +108,7 @@ def metadata(config: dict, backend: str, kernel_id: str, layout: str) -> dict:
     general = config["general"]
     archs = config.get("torch-noarch", {}).get("cuda_capabilities") if backend == "cuda" else None
     meta = {"name": general["name"], "id": kernel_id, "version": general["version"], "build-layout": layout}
-    meta |= {"kernels-minver": KERNELS_MINVER, "license": general["license"]}
+    meta |= {"kernels-minver": KERNELS_MINVER[layout], "license": general["license"]}
     meta |= {key: general[key] for key in ("upstream", "source") if key in general}
     meta |= {"python-depends": general.get("python-depends", []), "kernel-depends": general.get("kernel-depends", [])}
     meta["backend"] = {"type": backend} | ({"archs": archs} if archs else {})

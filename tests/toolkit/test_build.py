@@ -4,6 +4,7 @@ Metadata, the tests use kernels._rust for what has no public API (build.toml's p
 digest)."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def test_metadata_has_the_fields_kernel_builder_writes(variants, backend):
     meta = Metadata.read_from_file(variants[f"torch-{backend}"] / "metadata.json")
     assert (str(meta.name), meta.version, meta.license) == ("rope-bwd", 1, "Apache-2.0")
     assert meta.id == f"_rope_bwd_{backend}_{unique_id()}"
-    assert meta.build_layout == BuildLayout.FILES and meta.kernels_minver == Version.from_str(KERNELS_MINVER)
+    assert meta.build_layout == BuildLayout.FILES and meta.kernels_minver == Version.from_str(KERNELS_MINVER["files"])
     assert meta.backend.backend_type == Backend.from_str(backend)
     assert meta.backend.archs == (["8.0+PTX"] if backend == "cuda" else None)
     assert (meta.python_depends, meta.kernel_depends, meta.provenance) == ([], [], None)
@@ -172,3 +173,11 @@ def test_loads_and_compiles_without_triton(tmp_path):
     assert eager == compiled
     assert imported == "triton imported: False"
     assert "triton" not in proc.stderr.lower(), proc.stderr
+
+
+def test_kernels_minver_is_the_oldest_supported_kernels():
+    """A files-layout build asks for the oldest kernels CI runs (requirements-oldest.txt), which
+    checks kernels-minver before it loads a variant; the zip layout for one that reads zips."""
+    oldest = re.search(r"^kernels==(\S+)$", (REPO_ROOT / "requirements-oldest.txt").read_text(), re.M)
+    assert KERNELS_MINVER["files"] == oldest.group(1)
+    assert Version.from_str(KERNELS_MINVER["zip"]) >= Version.from_str("0.19.0")
