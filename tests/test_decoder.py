@@ -111,7 +111,7 @@ def test_batched_launch_writes_every_output(kernel, device, mode, gen):
     """The kernel's batched launches into NaN-poisoned outputs: the sdpa gradient layout
     [B, H, S, D] seen as [B, S, H, D], a shared table, and the table gradient per sequence."""
     if not kernel_path(device):
-        pytest.skip("the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1")
+        pytest.skip("the Triton kernel on CPU tensors: runs only under TRITON_INTERPRET=1")
     launch = submodule(kernel, "launch")
     B, S, HQ, HK, D = 3, 11, 4, 2, 72
     q, k, cos, sin = (t.detach() for t in make_call(B, S, HQ, HK, D, D, dtype=torch.bfloat16, device=device, gen=gen))
