@@ -32,4 +32,5 @@ assert got == dict(pins), f"not laid over .venv: {got}"
 print(f"{sys.argv[1]}:", ", ".join(f"{n} {v}" for n, v in got.items()))
 PY
 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_kernelize.py tests/toolkit/test_families.py \
-  tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py tests/toolkit/test_e2e.py "$@"
+  tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py tests/toolkit/test_e2e.py \
+  tests/toolkit/test_decoders.py tests/test_decoder.py "$@"

@@ -338,7 +338,15 @@ DECODER_VARIANTS = [
 ]
 
 
-@pytest.mark.interpret(device="cpu", variant=[("decoder", "repeated", "promoted"), ("single", "halves", "promoted")])
+@pytest.mark.interpret(
+    device="cpu",
+    variant=[
+        ("decoder", "repeated", "promoted"),
+        ("single", "halves", "promoted"),
+        ("decoder", "interleaved", "q"),
+        ("decoder", "halves", "kept"),
+    ],
+)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", DECODER_VARIANTS, ids="-".join)
 def test_decoder_layers(kernel, device, variant, gen):
