@@ -39,7 +39,10 @@ CASES = [
         ["bench", "--preset", "realcall", "--tasks", "bwd"],
         r"bench: error: --tasks is an option of --preset suite and copybound, not of realcall",
     ),
-    (["bench", "--dtypes", "float16"], r"bench: error: --dtypes is an option of --preset realcall and decoder, not of suite"),
+    (
+        ["bench", "--dtypes", "float16"],
+        r"bench: error: --dtypes is an option of --preset realcall and decoder, not of suite",
+    ),
     (["bench", "--preset", "copybound", "--quick", "--json"], r"bench: error: argument --json: expected one argument"),
     (["overhead", "--impls", "ours,tvm"], r"overhead: error: argument --impls: unknown implementations \['tvm'\]"),
     (["overhead", "--parts", "host,cold"], r"overhead: error: argument --parts: unknown parts \['cold'\]"),
