@@ -3,7 +3,8 @@
 # whole suite (CPU tensors through the PyTorch path; CUDA tests when a GPU is present), then
 # the package tests again with TRITON_INTERPRET=1, so that the Triton kernel itself runs in
 # Triton's interpreter on CPU tensors (only the cases marked `interpret`: each kernel branch
-# and layout once, on small shapes; tests/conftest.py), then hub CI's test step in its own
+# and layout once, on small shapes; tests/conftest.py; and every family of the installed
+# transformers against its own function), then hub CI's test step in its own
 # environment with the oldest and the newest kernels (scripts/hub-ci.sh), the tests that go
 # through kernels and transformers on the oldest releases the README supports and on the newest
 # (scripts/against.sh with requirements-oldest.txt, requirements-newest.txt),
@@ -27,8 +28,10 @@ trap report EXIT
 PY=.venv/bin/python
 stage setup bash scripts/setup.sh
 stage ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'  # configured in pyproject.toml
-stage suite $PY -m pytest -q "$@"
-stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q tests/test_*.py "$@"
+stage suite $PY -m pytest -q -n 2 "$@"
+stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q -n 2 tests/test_*.py \
+  tests/toolkit/test_families.py::test_kernelized_function_equals_the_familys \
+  tests/toolkit/test_decoders.py::test_decoder_family "$@"
 stage hub-ci bash scripts/hub-ci.sh requirements-oldest.txt requirements-newest.txt
 stage oldest bash scripts/against.sh requirements-oldest.txt
 stage newest bash scripts/against.sh requirements-newest.txt

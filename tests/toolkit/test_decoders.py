@@ -5,13 +5,15 @@ own (values, output dtypes, gradients of q, k, cos and sin) on this test's own d
 attention's [B, H, S, D] views of one projection with GQA, tables per sequence and shared
 by the batch, bf16 q and k with float32 tables, and a partial rotary where the function
 takes it. A refused function is checked against every layer of its form on that data: none
-may compute it. On CPU (the PyTorch path; tests/test_decoder.py covers the Triton kernel
-under the interpreter), small shapes: the whole set runs in well under a minute.
+may compute it. On CPU tensors (the PyTorch path, or the Triton kernel in its interpreter
+with TRITON_INTERPRET=1) and on the GPU, small shapes.
 """
 
 import copy
 import inspect
+import os
 import re
+import zlib
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from rope_bwd_triton import models
 
+from ..helpers import DEVICES
 from ..reference import rel_err
 from .test_families import defining_families, kernelized
 from .test_kernelize_transformers import assert_kernelized
@@ -35,16 +38,6 @@ def _params(fn):
     return tuple(inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn).parameters)
 
 
-def _case_inputs(gen, dt_q, dt_k, dt_table, tables, rot, heads_first):
-    """q and k as an attention makes them (one projection, split, heads first or not), the tables."""
-    proj = torch.randn(B, S, (HQ + HK) * D, generator=gen)
-    q, k = (x.unflatten(-1, (-1, D)) for x in proj.split([HQ * D, HK * D], -1))
-    if heads_first:
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-    cos, sin = (torch.randn(tables, S, rot, generator=gen).to(dt_table) for _ in range(2))
-    return [q.to(dt_q), k.to(dt_k), cos, sin]
-
-
 # (what, q dtype, k dtype, table dtype, table batch, rotated channels, unsqueeze_dim)
 CASES = [
     ("float32", F32, F32, F32, B, D, 1),
@@ -56,6 +49,16 @@ CASES = [
 ]
 
 
+def _case_inputs(gen, device, dt_q, dt_k, dt_table, tables, rot, heads_first):
+    """q and k as an attention makes them (one projection, split, heads first or not), the tables."""
+    proj = torch.randn(B, S, (HQ + HK) * D, generator=gen).to(device)
+    q, k = (x.unflatten(-1, (-1, D)) for x in proj.split([HQ * D, HK * D], -1))
+    if heads_first:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = (torch.randn(tables, S, rot, generator=gen).to(device, dt_table) for _ in range(2))
+    return [q.to(dt_q), k.to(dt_k), cos, sin]
+
+
 def _call(fn, single, q, k, cos, sin, unsqueeze_dim):
     """The function's (q_embed, k_embed): a function of one tensor is called for each."""
     kw = {} if unsqueeze_dim == 1 else {"unsqueeze_dim": unsqueeze_dim}
@@ -64,47 +67,87 @@ def _call(fn, single, q, k, cos, sin, unsqueeze_dim):
     return tuple(fn(q, k, cos, sin, **kw))
 
 
-def _cases(own, single, gen):
-    """The cases own takes (it raises on shapes its models never pass): (what, inputs, dim)."""
-    taken = []
-    for what, dt_q, dt_k, dt_table, tables, rot, dim in CASES:
-        args = _case_inputs(gen, dt_q, dt_k, dt_table, tables, rot, heads_first=dim == 1)
-        try:
+class Cases:
+    """The CASES on one device, drawn once for every family: each case's inputs and output
+    cotangents, and each layer's outputs and gradients on them, computed once. A layer is the
+    same for every family of its variant, and each launch in Triton's interpreter takes most
+    of a second."""
+
+    def __init__(self, gen, device):
+        self.data = {}
+        for what, dt_q, dt_k, dt_table, tables, rot, dim in CASES:
+            args = _case_inputs(gen, device, dt_q, dt_k, dt_table, tables, rot, heads_first=dim == 1)
+            cots = [torch.randn(x.shape, generator=gen).to(device) for x in args[:2]]
+            self.data[what] = args, dim, cots
+        self.results = {}
+
+    def taken(self, own, single):
+        """The cases own takes (it raises on shapes its models never pass)."""
+        taken = []
+        for what, (args, dim, _) in self.data.items():
+            try:
+                with torch.no_grad():
+                    _call(own, single, *args, dim)
+            except Exception:
+                continue
+            taken.append(what)
+        return taken
+
+    def run(self, name, layer, single, what):
+        """The layer's (outputs, gradients of q, k, cos and sin) on the case, or what it raised."""
+        if (name, what) not in self.results:
+            args, dim, cots = self.data[what]
+            leaves = [a.detach().requires_grad_() for a in args]
+            try:
+                outs = _call(layer, single, *leaves, dim)
+                grads = torch.autograd.grad(
+                    outs, leaves, [c.to(o.dtype) for c, o in zip(cots, outs)], allow_unused=True
+                )
+                self.results[name, what] = [o.detach() for o in outs], grads
+            except Exception as e:
+                self.results[name, what] = e
+        return self.results[name, what]
+
+    def mismatch(self, name, layer, own, single, taken):
+        """How the layer differs from own on the cases: dtypes, values or gradients (against own in
+        float64), or "" when it does not."""
+        for what in taken:
+            args, dim, cots = self.data[what]
+            got = self.run(name, layer, single, what)
+            if isinstance(got, Exception):
+                return f"{what}: raised {type(got).__name__}: {got}"
+            outs, grads = got
             with torch.no_grad():
-                _call(own, single, *args, dim)
-        except Exception:
-            continue
-        taken.append((what, args, dim))
-    return taken
+                want = [o.dtype for o in _call(own, single, *args, dim)]
+            if [o.dtype for o in outs] != want:
+                return f"{what}: outputs in {[o.dtype for o in outs]}, not {want}"
+            ref_leaves = [a.detach().double().requires_grad_() for a in args]
+            refs = _call(own, single, *ref_leaves, dim)
+            cot = [c.to(o.dtype).double() for c, o in zip(cots, outs)]  # what the layer's backward got
+            ref_grads = torch.autograd.grad(refs, ref_leaves, cot, allow_unused=True)
+            for out_name, o, ref in zip(("q_embed", "k_embed"), outs, refs):
+                if rel_err(o, ref) > TOL[o.dtype]:
+                    return f"{what}: {out_name} rel err {rel_err(o, ref):.2e}"
+            for x_name, g, ref, x in zip(("q", "k", "cos", "sin"), grads, ref_grads, args):
+                if (g is None) != (ref is None) or (g is not None and g.dtype != x.dtype):
+                    return f"{what}: grad of {x_name} {None if g is None else g.dtype}, want {x.dtype}"
+                if g is not None and rel_err(g, ref) > TOL[g.dtype]:
+                    return f"{what}: grad of {x_name} rel err {rel_err(g, ref):.2e}"
+        return ""
 
 
-def _mismatch(fn, own, single, cases, gen):
-    """How fn differs from own on the cases: dtypes, values or gradients (against own in float64),
-    or "" when it does not."""
-    for what, args, dim in cases:
-        leaves = [a.detach().requires_grad_() for a in args]
-        try:
-            outs = _call(fn, single, *leaves, dim)
-        except Exception as e:
-            return f"{what}: raised {type(e).__name__}: {e}"
-        with torch.no_grad():
-            want = [o.dtype for o in _call(own, single, *args, dim)]
-        if [o.dtype for o in outs] != want:
-            return f"{what}: outputs in {[o.dtype for o in outs]}, not {want}"
-        ref_leaves = [a.detach().double().requires_grad_() for a in args]
-        refs = _call(own, single, *ref_leaves, dim)
-        cot = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs]
-        grads = torch.autograd.grad(outs, leaves, cot, allow_unused=True)
-        ref_grads = torch.autograd.grad(refs, ref_leaves, [c.double() for c in cot], allow_unused=True)
-        for name, got, ref in zip(("q_embed", "k_embed"), outs, refs):
-            if rel_err(got, ref) > TOL[got.dtype]:
-                return f"{what}: {name} rel err {rel_err(got, ref):.2e}"
-        for name, got, ref, x in zip(("q", "k", "cos", "sin"), grads, ref_grads, leaves):
-            if (got is None) != (ref is None) or (got is not None and got.dtype != x.dtype):
-                return f"{what}: grad of {name} {None if got is None else got.dtype}, want {x.dtype}"
-            if got is not None and rel_err(got, ref) > TOL[got.dtype]:
-                return f"{what}: grad of {name} rel err {rel_err(got, ref):.2e}"
-    return ""
+@pytest.fixture(scope="module")
+def cases(request):
+    """Cases per device, for the module: seeded from its id (and ROPE_SEED, as the gen fixture)."""
+    seed = zlib.crc32(request.node.nodeid.encode()) ^ int(os.environ.get("ROPE_SEED", "0"))
+    gen, by_device = torch.Generator().manual_seed(seed), {}
+
+    def on(device):
+        if device not in by_device:
+            by_device[device] = Cases(gen, device)
+        return by_device[device]
+
+    return on
 
 
 def test_the_package_finds_every_family(kernel):
@@ -114,8 +157,9 @@ def test_the_package_finds_every_family(kernel):
     assert set(FAMILIES) <= set(found) and {"llama", "qwen3", "gemma2", "phi3", "qwen3_omni_moe"} <= set(FAMILIES)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_decoder_family(kernel, integrations, family, gen):
+def test_decoder_family(kernel, integrations, family, device, cases):
     """Classified: the family's function kernelized (a copy of the module global of the class
     make_kernelizable gives it, as kernels gives each model its own) runs the variant's layer
     and equals the family's own function. Refused: an error naming the function, nothing
@@ -134,10 +178,11 @@ def test_decoder_family(kernel, integrations, family, gen):
         if form is None:
             assert f"it takes {_params(own)}" in refusal
         else:
-            cases = _cases(own, form == "single", gen)
+            on, single = cases(device), form == "single"
+            taken = on.taken(own, single)
             for v in (v for v in integrations.VARIANTS if v.form == form):
                 layer = getattr(kernel.layers, v.layer_name)()
-                assert not cases or _mismatch(layer, own, form == "single", cases, gen), (
+                assert not taken or on.mismatch(v.layer_name, layer, own, single, taken), (
                     f"refused, but {v.layer_name} computes it: {refusal}"
                 )
         with pytest.raises(ValueError, match=re.escape(qualified)):
@@ -148,15 +193,16 @@ def test_decoder_family(kernel, integrations, family, gen):
     if integrations._attention_classes(M, "apply_rotary_pos_emb"):
         integrations.make_kernelizable(families=[family])
         assert integrations._PATCHED[family, "apply_rotary_pos_emb"].original is own
-        layer = kernelized(integrations, type(M.apply_rotary_pos_emb)(), "cpu")
+        layer = kernelized(integrations, type(M.apply_rotary_pos_emb)(), device)
         assert layer.forward.__func__ is getattr(kernel.layers, variant.layer_name).forward
     else:  # no class calls it by name (Jamba's attention has no rotary): nothing to patch, the layer alone
         with pytest.raises(ValueError, match=f"no class of {re.escape(M.__name__)} calls its rotary function"):
             integrations.make_kernelizable(families=[family])
         layer = getattr(kernel.layers, variant.layer_name)()
-    cases = _cases(own, form == "single", gen)
-    assert cases[0][0] == "float32", f"{qualified} raised on q and k of every head and tables of every sequence"
-    assert not (mismatch := _mismatch(layer, own, form == "single", cases, gen)), mismatch
+    on, single = cases(device), form == "single"
+    taken = on.taken(own, single)
+    assert taken[0] == "float32", f"{qualified} raised on q and k of every head and tables of every sequence"
+    assert not (mismatch := on.mismatch(variant.layer_name, layer, own, single, taken)), mismatch
 
 
 # ------------------------------------------------------------------------------ tiny models
