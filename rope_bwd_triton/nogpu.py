@@ -48,6 +48,7 @@ def verification_rows(run) -> list:
 def terminal_table(run) -> str:
     from tabulate import tabulate
 
+    rec = recorded()
     header = ["S", "H", "D", "task", "worst rel err", "tolerance", "SOL pass", "within"]
     rows = [
         [S, H, D, task, f"{err:.2e}", f"{tol:.0e}", f"{100 * sol:.1f}%", "yes" if ok else "FAILED"]
@@ -58,9 +59,8 @@ def terminal_table(run) -> str:
         "its timings mean nothing and are left out):",
         tabulate(rows, header, disable_numparse=True, colalign=("right",) * len(header)),
         "",
-        f"Timings of these tasks {provenance(recorded())}, mean over the 16 public workloads:",
+        f"Timings of these tasks {provenance(rec)}, mean over the 16 public workloads:",
     ]
-    rec = recorded()
     for name, s in rec["summary"]["impls"].items():
         info = rec["impls"][name]
         if info["task"] in tasks(run):

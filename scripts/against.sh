@@ -12,18 +12,22 @@ cd "$(dirname "$0")/.."
 env_file=${1:?usage: scripts/against.sh <requirements file with kernels and transformers pins> [pytest args]}
 shift
 bash scripts/setup.sh
-# Pins that .venv already has (requirements-dev.txt pins the newest releases today): the suite
-# stage ran these tests on them, so they are not run twice.
-if .venv/bin/python - "$env_file" <<'PY'
+has_pins() {  # whether .venv's python (with PYTHONPATH) sees the file's kernels and transformers pins
+  .venv/bin/python - "$env_file" <<'PY'
 import importlib.metadata as md
 import pathlib
 import re
 import sys
 
 pins = dict(re.findall(r"^(\w+)==(\S+)", pathlib.Path(sys.argv[1]).read_text(), re.M))
-sys.exit(0 if all(md.version(name) == version for name, version in pins.items()) else 1)
+got = {name: md.version(name) for name in pins}
+print(f"{sys.argv[1]}:", ", ".join(f"{n} {v}" for n, v in got.items()), "" if got == pins else f"(wants {pins})")
+sys.exit(got != pins)
 PY
-then
+}
+# Pins that .venv already has (requirements-dev.txt pins the newest releases today): the suite
+# stage ran these tests on them, so they are not run twice.
+if has_pins >/dev/null; then
   echo "$env_file: .venv has these pins; the suite stage ran the tests on them"
   exit 0
 fi
@@ -39,17 +43,7 @@ export PYTHONPATH=$site
 # asks the Hub for a flash-attention 4 kernel when it imports some families (falcon among them)
 # and ignores the failure; in offline mode huggingface_hub refuses before connecting.
 export HF_HUB_OFFLINE=1
-.venv/bin/python - "$env_file" <<'PY'
-import importlib.metadata as md
-import pathlib
-import re
-import sys
-
-pins = re.findall(r"^(\w+)==(\S+)", pathlib.Path(sys.argv[1]).read_text(), re.M)
-got = {name: md.version(name) for name, _ in pins}
-assert got == dict(pins), f"not laid over .venv: {got}"
-print(f"{sys.argv[1]}:", ", ".join(f"{n} {v}" for n, v in got.items()))
-PY
+has_pins  # laid over .venv
 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_kernelize.py tests/toolkit/test_families.py \
   tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py tests/toolkit/test_e2e.py \
   tests/toolkit/test_decoders.py tests/test_decoder.py "$@"
