@@ -11,9 +11,11 @@ torch.save of a whole model pickles what kernels' decorators attach to its atten
   reference to this package's layer module. A fresh process that first loads the kernel
   (get_kernel) and calls make_kernelizable(families=[...]) loads the model and gives its
   outputs. Without those steps: a model of a family transformers marks itself, not kernelized,
-  loads and runs transformers' rotary; kernelized, its forward names the build's module, which
-  is not imported (ModuleNotFoundError); any function transformers does not mark (the vision
-  encoders') is a plain function there, which kernels cannot rebuild (TypeError).
+  loads and runs transformers' rotary; kernelized, its forward (and kernelize_rotary's forward
+  pre-hook) names the build's module, which is not imported (ModuleNotFoundError); any function
+  transformers does not mark (the vision encoders') is a plain function there, which kernels
+  cannot rebuild (TypeError). restore_transformers takes back what make_kernelizable attached:
+  a restored model loads anywhere.
 - kernels whose function layer does not (0.17): it is a class local to kernels' factory, which pickle cannot
   name: torch.save raises, for a model made kernelizable or kernelized.
 """
@@ -174,10 +176,35 @@ def test_torch_save_of_a_whole_model(kernel, integrations, built, tmp_path):
     bare = _fresh_process(tmp_path, "bare", list(saved))
     for name in saved:
         got, (family, how) = bare[name], name.split("-")
-        if not marked[family]:
-            assert got[0] == "TypeError" and "missing required argument 'code'" in got[1], (name, got)
-        elif how == "kernelized":
+        if how == "kernelized":
             assert got == ("ModuleNotFoundError", f"No module named '{kernel.layers.__name__.split('.')[0]}'"), got
+        elif not marked[family]:
+            assert got[0] == "TypeError" and "missing required argument 'code'" in got[1], (name, got)
         else:  # transformers' own rotary, as eager
             assert isinstance(got, torch.Tensor), (name, got)
             assert rel_err(got, built[family][2]) < TOL
+
+
+def entries(model) -> list:
+    return [n for m in model.modules() for n in vars(m).get("_kernel_funcs", {})]
+
+
+def test_restored_models_pickle(kernel, integrations, built, tmp_path):
+    """make_kernelizable, then restore_transformers: a model passed to it and one built while it
+    was in force keep nothing of it, so that they pickle and load in a fresh process without this
+    package, and give transformers' outputs (kernels rebuilds an entry left behind from the module
+    global, which restore makes transformers' plain function again: it could not load)."""
+    eager, inputs, ref = built["qwen3_vl"]
+    saved = {"passed": copy.deepcopy(eager)}
+    integrations.make_kernelizable(saved["passed"])
+    saved["built"] = models.WHOLE["qwen3_vl"]()  # the same seed: eager's weights
+    assert all("_kernel_funcs" in vars(m.model.visual.blocks[0].attn) for m in saved.values())
+    integrations.restore_transformers()
+    for name, model in saved.items():
+        assert entries(model) == entries(eager), name  # transformers' own (its marked decoder rotary)
+        assert rel_err(logits(model, inputs), ref) < TOL, name
+        torch.save((model, inputs), tmp_path / f"{name}.pt")
+    bare = _fresh_process(tmp_path, "bare", list(saved))
+    for name in saved:
+        assert isinstance(bare[name], torch.Tensor), (name, bare[name])
+        assert rel_err(bare[name], ref) < TOL and bare[name + ":ours"] == 0, name

@@ -4,6 +4,7 @@ functions in ops.py; the math in PyTorch in rotary_torch.py)."""
 
 from . import integrations, layers
 from .integrations import (
+    kernel_config,
     kernel_mapping,
     kernelize_rotary,
     kernelize_vision_rotary,
@@ -16,6 +17,7 @@ __all__ = [
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_vision",
     "integrations",
+    "kernel_config",
     "kernel_mapping",
     "kernelize_rotary",
     "kernelize_vision_rotary",

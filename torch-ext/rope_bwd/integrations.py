@@ -16,6 +16,7 @@ import inspect
 import os
 import sys
 import warnings
+import weakref
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ NAMES = ("apply_rotary_pos_emb_vision", "apply_rotary_pos_emb")  # the module gl
 LAYER_NAMES = tuple(v.layer_name for v in VARIANTS)
 LAYER_NAME = VARIANTS[0].layer_name  # the vision variant of most families (halves, dtypes kept)
 HOOK_VARIANT = Variant("decoder", "halves", "promoted")  # Llama's body: what transformers' hook name stands for
+MAPPED = {name: name for name in LAYER_NAMES} | {HOOK: HOOK_VARIANT.layer_name}  # layer name -> the package's layer
 _VARIANTS_TEXT = (
     "rotate_half, rotate_pairwise or pairs of a repeated table over the first cos.shape[-1] channels, the rest "
     "passed through; each output in its input's dtype, in its promotion with cos and sin, or in q's"
@@ -300,22 +302,34 @@ def _attach(module, function):
     `function` in `_kernel_funcs` (the function itself with kernels 0.17, a copy of it per module
     from 0.18 on). kernels has no public call for a module that already exists, so this builds a
     throwaway module of a class decorated the same way and copies the entry its constructor
-    wrote: the one place this package reads or writes kernels' private state."""
+    wrote: with kernelized_layers and restore_transformers, the one place this package reads or
+    writes kernels' private state."""
     import kernels
 
     made = kernels.use_kernelized_func(function)(type("_Attached", (nn.Module,), {}))()
     funcs = module.__dict__.setdefault("_kernel_funcs", {})
     for name, entry in made.__dict__["_kernel_funcs"].items():
         funcs.setdefault(name, entry)
+    _HOLDERS.add(module)
 
 
-def _attach_on_call(cls, function):
-    """From kernels 0.18 on, a class decorated by use_kernelized_func finds its function in each
-    module's `_kernel_funcs` on every call: a module built before the decoration, and not passed
-    to make_kernelizable, gets it at its first call (it then runs transformers' function until
-    it is kernelized)."""
-    decorated = cls.forward
+_HOLDERS = weakref.WeakSet()  # modules holding an entry make_kernelizable attached (restore takes it back)
+
+
+def _track(cls, function):
+    """A class decorated by use_kernelized_func: the modules it builds are recorded (restore_transformers
+    takes their entry back: kernels rebuilds an unpickled entry from the module global, which
+    restore makes a plain function again). From kernels 0.18 on, such a class finds its function in
+    each module's `_kernel_funcs` on every call: a module built before the decoration, and not
+    passed to make_kernelizable, gets it at its first call (it then runs transformers' function
+    until it is kernelized)."""
+    init, decorated = cls.__init__, cls.forward
     name = type(function).kernel_layer_name
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _HOLDERS.add(self)
 
     @functools.wraps(decorated)
     def forward(self, *args, **kwargs):
@@ -323,19 +337,23 @@ def _attach_on_call(cls, function):
             _attach(self, function)
         return decorated(self, *args, **kwargs)
 
-    cls.forward = forward
+    cls.__init__, cls.forward = __init__, forward
 
 
-def kernelized_layers(model) -> list:
+def kernelized_layers(model, *, others=False) -> list:
     """What kernelize made of `model`'s rotaries: for each function that kernels attached to one of
-    its modules, the name of the package's layer it runs, or None where it runs transformers' own.
-    Read from the functions kernels' use_kernelized_func attached (`_kernel_funcs`; kernels has no
-    public view of them), next to `_attach`, the other place that touches them."""
+    its modules, the name of the package's layer it runs, or None where it runs transformers' own
+    (others=True: the repository of another kernel it runs, rather than None). Read from the
+    functions kernels' use_kernelized_func attached (`_kernel_funcs`, and the `_kernel_repo`
+    kernelize records on them; kernels has no public view of them)."""
     from .layers import LAYERS
 
     names = {cls.forward: v.layer_name for v, cls in LAYERS.items()}
     funcs = [f for m in model.modules() for f in m.__dict__.get("_kernel_funcs", {}).values()]
-    return [names.get(getattr(getattr(f, "forward", None), "__func__", None)) for f in funcs]
+    runs = [names.get(getattr(getattr(f, "forward", None), "__func__", None)) for f in funcs]
+    if others:
+        runs = [r or f.__dict__.get("_kernel_repo") for r, f in zip(runs, funcs)]
+    return runs
 
 
 def _plan(family: str) -> list:
@@ -372,7 +390,7 @@ def _patch(family: str, plan) -> None:
         saved = {cls: (cls.__dict__.get("__init__"), cls.__dict__.get("forward")) for cls in classes}
         for cls in classes:
             kernels.use_kernelized_func(function)(cls)
-            _attach_on_call(cls, function)
+            _track(cls, function)
         setattr(module, name_in_module, function)
     _PATCHED[family, name_in_module] = _Patch(module, name_in_module, original, function, saved, marked)
 
@@ -418,11 +436,23 @@ def make_kernelizable(*models, families=None) -> list:
 
 
 def restore_transformers() -> None:
-    """Undo make_kernelizable: original functions, layer names and attention classes back.
-    Models built while patched keep their copies of the layer; their forward calls the
-    original function again."""
+    """Undo make_kernelizable: original functions, layer names and attention classes back, and
+    the entries it attached taken back from the modules that hold them (those of the models it
+    was given, and those built while patched), so that they run and pickle as transformers'
+    own. Models kernelize_rotary watched lose the watch."""
     import kernels
 
+    ours = {type(p.function) for p in _PATCHED.values() if p.classes}  # the entries of decorated functions
+    for module in list(_HOLDERS):
+        funcs = module.__dict__.get("_kernel_funcs", {})
+        for name in [n for n, f in funcs.items() if type(f) in ours]:
+            del funcs[name]
+        if "_kernel_funcs" in module.__dict__ and not funcs:
+            del module._kernel_funcs
+    _HOLDERS.clear()
+    for watch in list(_WATCHED.values()):
+        watch.handle.remove()
+    _WATCHED.clear()
     for patch in _PATCHED.values():
         if patch.layer_name is not None:
             kernels.replace_kernel_forward_from_hub(type(patch.original), patch.layer_name)
@@ -459,9 +489,8 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
         return LayerRepository(repo_id, layer_name=name, version=version, trust_remote_code=trust_remote_code)
 
     modes = [Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING | Mode.TORCH_COMPILE]
-    names = {name: name for name in LAYER_NAMES} | {HOOK: HOOK_VARIANT.layer_name}
     mapping = {}
-    for key, name in names.items():
+    for key, name in MAPPED.items():
         layer_repo = repo(name)
         mapping[key] = {device: {mode: layer_repo for mode in modes} for device in ("cuda", "cpu")}
     return mapping
@@ -479,13 +508,96 @@ def kernelize_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, versio
     (ValueError if there are none, or one is none of the variants: then nothing is patched),
     then `kernels.kernelize` under `kernel_mapping(repo_id, version=version)` (added to any
     mapping already registered): one call swaps every rotary of a Qwen3-Omni. Returns the
-    model, as kernelize does."""
+    model, as kernelize does.
+
+    A transformers model keeps the layers when transformers kernelizes it again (at each change
+    between train() and eval() of a model loaded with its kernels on): the mapping becomes part
+    of its `kernel_config`. Should another kernelization take them away (reset_kernels(),
+    kernels_mode=None, another kernel_config), the model's next forward says so, once."""
     import kernels
 
     make_kernelizable(model)
-    with kernels.use_kernel_mapping(kernel_mapping(repo_id, version=version)):
-        return kernels.kernelize(model, mode=mode, device=device, **kernelize_kwargs)
+    mapping = kernel_mapping(repo_id, version=version)
+    _keep(model, mapping)
+    with kernels.use_kernel_mapping(mapping):
+        model = kernels.kernelize(model, mode=mode, device=device, **kernelize_kwargs)
+    _watch(model)
+    return model
 
 
 # The name of the first release of version 1, which served the vision encoders alone.
 kernelize_vision_rotary = kernelize_rotary
+
+
+def kernel_config(*families, repo_id: str = REPO_ID, version: int = 1):
+    """transformers' way to choose hub kernels, `from_pretrained(..., kernel_config=...)`, for this
+    package: make_kernelizable(families=...) (by default every family of the installed
+    transformers), so that the model built next registers the vision rotaries' layer names,
+    then a transformers KernelConfig naming the package's layers. Unlike a KernelConfig
+    written by hand, which transformers maps for the mode the model is loaded in (inference)
+    and for accelerators only, it maps every mode on CUDA and CPU: train() keeps the layers."""
+    from .transformers_config import RotaryKernelConfig
+
+    make_kernelizable(families=list(families) or None)
+    entries = {
+        name: (f"{repo_id}:{layer}", {"version": version, "trust_remote_code": True}) for name, layer in MAPPED.items()
+    }
+    return RotaryKernelConfig(entries, kernel_mapping(repo_id, version=version))
+
+
+# ------------------------------------------------------------------ transformers' kernel management
+
+
+def _keep(model, mapping) -> None:
+    """transformers kernelizes a model it loaded with its kernels on again at every change between
+    train() and eval() (each PreTrainedModel inside does so for itself), with its own mapping and
+    the model's `kernel_config` over it: the package's mapping goes into each such kernel_config
+    (over the model's own entries, its flags kept), so that those kernelizations keep its layers."""
+    from transformers import KernelConfig
+
+    for sub in model.modules():
+        if not hasattr(sub, "set_use_kernels"):  # not a transformers PreTrainedModel
+            continue
+        own = getattr(sub, "kernel_config", None)
+        if own is None:
+            sub.kernel_config = KernelConfig(kernel_mapping=dict(mapping))
+        else:
+            flags = {"use_local_kernel": own.use_local_kernel, "inherit_mapping": own.inherit_mapping}
+            sub.kernel_config = KernelConfig(kernel_mapping=own.kernel_mapping | mapping, **flags)
+
+
+class _Watch(NamedTuple):
+    handle: object  # the forward pre-hook's
+    seen: list  # [the model's (training, kernels_mode) last checked, whether it warned]
+
+
+_WATCHED = weakref.WeakKeyDictionary()  # model -> _Watch
+
+
+def _watch(model) -> None:
+    """A forward pre-hook on `model` that, at its first forward after a change of mode, checks that
+    every rotary it holds still runs the package's layers, and warns once where one does not."""
+    if model not in _WATCHED:
+        _WATCHED[model] = _Watch(model.register_forward_pre_hook(_check_kept), [None, False])
+
+
+def _check_kept(model, args) -> None:
+    watch = _WATCHED.get(model)
+    if watch is None or torch.compiler.is_compiling():
+        return
+    state = (model.training, getattr(model, "kernels_mode", None))
+    if watch.seen[0] == state or watch.seen[1]:
+        return
+    watch.seen[0] = state
+    runs = kernelized_layers(model, others=True)
+    lost = sorted({r for r in runs if r not in LAYER_NAMES}, key=str)
+    if lost:
+        watch.seen[1] = True
+        what = " and ".join("transformers' own function" if r is None else f"the layer of {r}" for r in lost)
+        warnings.warn(
+            f"rope-bwd: {sum(r not in LAYER_NAMES for r in runs)} of the {len(runs)} rotaries of "
+            f"{type(model).__name__} run {what}, not this package's layers: a kernelization after "
+            f"kernelize_rotary took them away (transformers' reset_kernels(), kernels_mode=None, "
+            f"another kernel_config). kernelize_rotary(model, mode=...) puts them back.",
+            stacklevel=2,
+        )
