@@ -12,6 +12,7 @@ mapping asks the Hub for kernels-community/rotary first: the Hub is unreachable 
 """
 
 import copy
+import importlib
 import warnings
 
 import pytest
@@ -26,7 +27,13 @@ from ..reference import rel_err
 
 TOL = 1e-5  # float32 results of two correct rotaries through a tiny model
 FAMILIES = ("llama", "qwen3_vl")  # a decoder; a vision encoder and a decoder in one model
-KERNELS_OFF = {"defaults": {}, "use_kernels=False": {"use_kernels": False}}
+# How the model is loaded (transformers 5.25 turns its kernels on by default, 5.24 off).
+LOADS = {"defaults": {}, "use_kernels=True": {"use_kernels": True}, "use_kernels=False": {"use_kernels": False}}
+# What takes the package's layers away: another kernel_config, and transformers' resets (from 5.25).
+RESETS = ["set_use_kernels(kernel_config=KernelConfig({}))"] + [
+    r for r, attr in (("reset_kernels()", "reset_kernels"), ("kernels_mode=None", "kernels_mode"))
+    if hasattr(importlib.import_module("transformers").PreTrainedModel, attr)
+]  # fmt: skip
 
 
 def make(family, seed=0):
@@ -100,20 +107,21 @@ def to(inputs, device):
     return {k: v.to(device) for k, v in inputs.items()}
 
 
-@pytest.mark.parametrize("how", [*KERNELS_OFF, "USE_HUB_KERNELS=0"])
+@pytest.mark.parametrize("how", [*LOADS, "USE_HUB_KERNELS=0"])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("device", DEVICES)
 def test_loaded_model_keeps_the_layers_through_train_and_eval(
     kernel, integrations, load, rotary_calls, monkeypatch, family, how, device
 ):
-    """from_pretrained (transformers' defaults, use_kernels=False, or USE_HUB_KERNELS=0), then
+    """from_pretrained (transformers' defaults, use_kernels=True or False, or USE_HUB_KERNELS=0), then
     kernelize_rotary as the README says, then train()/eval() in any order: every forward runs the
     package's layer at each rotary, and the loss is eager transformers'."""
     if how == "USE_HUB_KERNELS=0":
         monkeypatch.setenv("USE_HUB_KERNELS", "0")
     eager = load(family, device, use_kernels=False)
-    model = load(family, device, **KERNELS_OFF.get(how, {}))
-    assert model.use_kernels == (how == "defaults")
+    model = load(family, device, **LOADS.get(how, {}))
+    if how != "defaults":
+        assert model.use_kernels == (how == "use_kernels=True")
     integrations.kernelize_rotary(model, mode=Mode.TRAINING, device=device)
     inputs = to(batch(model, family, seed=1), device)
     with warnings.catch_warnings():
@@ -173,7 +181,7 @@ def test_trainer_with_evaluations(kernel, integrations, load, rotary_calls, tmp_
         return trainer.losses
 
     eager = load(family, device, use_kernels=False)
-    model = load(family, device)
+    model = load(family, device, use_kernels=True)
     integrations.kernelize_rotary(model, mode=Mode.TRAINING, device=device)
     per_forward = len(integrations.kernelized_layers(model))
     counts = Counts()
@@ -245,19 +253,23 @@ def test_saved_and_reloaded(kernel, integrations, load, rotary_calls, tmp_path, 
     assert_runs_ours(kernel, again, inputs, rotary_calls)
 
 
-@pytest.mark.parametrize("reset", ["reset_kernels()", "kernels_mode=None"])
+@pytest.mark.parametrize("reset", RESETS)
 def test_a_reset_runs_transformers_function_and_says_so_once(kernel, integrations, load, rotary_calls, reset):
-    """Where transformers' own kernel management takes the layers away (reset_kernels(), or
-    kernels_mode=None), the model runs transformers' function (never another kernel), the package
-    warns once, and kernelize_rotary puts its layers back."""
-    model = load("llama")
+    """Where transformers' own kernel management takes the layers away (another kernel_config,
+    reset_kernels(), or kernels_mode=None), the model runs transformers' function (on CPU its
+    mapping has no rotary), the package warns once, and kernelize_rotary puts its layers back."""
+    from transformers import KernelConfig
+
+    model = load("llama", use_kernels=True)
     integrations.kernelize_rotary(model, mode=Mode.TRAINING, device="cpu")
     inputs = batch(model, "llama", seed=4)
     assert_runs_ours(kernel, model, inputs, rotary_calls)
     if reset == "reset_kernels()":
         model.reset_kernels()
-    else:
+    elif reset == "kernels_mode=None":
         model.kernels_mode = None
+    else:
+        model.set_use_kernels(True, kernel_config=KernelConfig({}))
     with pytest.warns(UserWarning, match="rope-bwd: 2 of the 2 rotaries .* transformers' own function") as seen:
         for switch in ("train", "eval", "train"):
             getattr(model, switch)()
@@ -276,7 +288,7 @@ def test_each_mode_maps_the_same_layer(kernel, integrations, load, rotary_calls,
     modes: it has a backward, and at decode it is already faster than eager), and every gradient
     of a training call is eager transformers'."""
     eager = load("qwen3_vl", device, use_kernels=False)
-    model = load("qwen3_vl", device)
+    model = load("qwen3_vl", device, use_kernels=True)
     integrations.kernelize_rotary(model, mode=first, device=device)
     layers = integrations.kernelized_layers(model)
     inputs = to(batch(model, "qwen3_vl", seed=5), device)
@@ -285,7 +297,8 @@ def test_each_mode_maps_the_same_layer(kernel, integrations, load, rotary_calls,
         eager.zero_grad(set_to_none=True)
         getattr(model, switch)()
         getattr(eager, switch)()
-        assert model.kernels_mode == (Mode.TRAINING if switch == "train" else Mode.INFERENCE)
+        if hasattr(type(model), "kernels_mode"):  # transformers >= 5.25 remembers it
+            assert model.kernels_mode == (Mode.TRAINING if switch == "train" else Mode.INFERENCE)
         assert_runs_ours(kernel, model, inputs, rotary_calls)
         assert integrations.kernelized_layers(model) == layers
         eager(**inputs).loss.backward()
