@@ -18,14 +18,8 @@ import sys
 from dataclasses import dataclass
 
 from . import suite
+from .suite import TASKS
 
-TASKS = {  # name: (description, suite.floor_bytes mode, dtype name)
-    "bwd": ("full backward, fp32", "bwd", "float32"),
-    "bwd_qk": ("q/k-only backward, fp32", "bwd_qk", "float32"),
-    "bwd_bf16": ("full backward, bf16 (fp32 table)", "bwd", "bfloat16"),
-    "fwd": ("forward, fp32", "fwd", "float32"),
-    "fwd_bf16": ("forward, bf16 (fp32 table)", "fwd", "bfloat16"),
-}
 SCALING = [(S, 16, 128) for S in (16384, 65536)] + [(S, 16, D) for D in (72, 80) for S in (4096, 16384)]
 PEERS = ("eager", "compile", "liger", "copy")
 

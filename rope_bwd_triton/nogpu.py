@@ -1,12 +1,12 @@
 """What the suite preset (the demo) shows on a machine without a GPU, where timings mean nothing:
 what holds there, the verification against float64 (worst relative error of each workload and
-dtype against its tolerance), and the figures recorded on the H200 (RECORDED), labelled as such
+dtype against its tolerance), and the figures recorded on a GPU (RECORDED), labelled as such
 with their GPU, versions, commit and date."""
 
 import json
 
 from . import REPO_ROOT, output
-from .measure import TASKS
+from .suite import TASKS
 
 RECORDED = REPO_ROOT / "benchmarks" / "h200" / "bench.json"  # benchmarks/RESULTS.md, "The suite"
 
@@ -71,7 +71,7 @@ def terminal_table(run) -> str:
 
 def render_plot(run, path, draw_times) -> bool:
     """Left: the verification (worst error of each workload against each dtype's tolerance);
-    right: the recorded H200 times against S (draw_times(ax, runs) draws them as the GPU plot does)."""
+    right: the recorded GPU times against S (draw_times(ax, runs) draws them as the GPU plot does)."""
     plt = output.pyplot("bench", path)
     if plt is None:
         return False
@@ -90,6 +90,7 @@ def render_plot(run, path, draw_times) -> bool:
     for ax in (ax_v, ax_t):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("rope-bwd without a GPU: what holds on this machine (left), what the H200 measured (right)")
+    gpu = rec["meta"]["gpu"]
+    fig.suptitle(f"rope-bwd without a GPU: what holds on this machine (left), what the {gpu} measured (right)")
     output.save_figure(fig, path)
     return True

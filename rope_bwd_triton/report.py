@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 from . import nogpu, output, suite
-from .measure import TASKS
+from .suite import TASKS
 
 
 def summarize(run) -> dict:
@@ -193,7 +193,7 @@ def render_markdown(runs, plot_path=None, md_path=None) -> str:
 
 def render_plot(runs, path) -> bool:
     """Draws the plot; False where matplotlib is missing. A CPU run: its verification and the
-    recorded H200 times instead (nogpu.py)."""
+    times recorded on a GPU instead (nogpu.py)."""
     if not runs[0]["meta"]["gpu"]:
         return nogpu.render_plot(runs[-1], path, draw_times)
     plt = output.pyplot("bench", path)

@@ -29,6 +29,13 @@ SOL_MIN_PASS = 0.99  # at least 99% of the elements inside SOL_ATOL + SOL_RTOL*|
 # Relative error (||out - ref|| / ||ref|| against float64) a correct result stays under, by the
 # dtype of its outputs (docs/design.md, section 1); float16 has three more mantissa bits than bfloat16.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 4e-3}
+TASKS = {  # name: (description, floor_bytes mode, dtype name)
+    "bwd": ("full backward, fp32", "bwd", "float32"),
+    "bwd_qk": ("q/k-only backward, fp32", "bwd_qk", "float32"),
+    "bwd_bf16": ("full backward, bf16 (fp32 table)", "bwd", "bfloat16"),
+    "fwd": ("forward, fp32", "fwd", "float32"),
+    "fwd_bf16": ("forward, bf16 (fp32 table)", "fwd", "bfloat16"),
+}
 
 
 def floor_bytes(S, H=HEADS, D=HEAD_DIM, *, elem=4, table_elem=4, mode="bwd", HK=None):
