@@ -2,11 +2,14 @@
 layout; the default for unknown GPUs, versions and buckets; one configuration per S bucket."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from .helpers import submodule
+from .helpers import REPO_ID, submodule
 
 
 @pytest.fixture
@@ -135,3 +138,38 @@ def test_tuned_table_is_the_newest_version_not_above_triton(kernel, tmp_path, mo
         assert tuning.tuned_table("Another GPU", "3.7") == {}
     finally:
         tuning.tuned_table.cache_clear()
+
+
+def test_untuned_switch_sets_the_shipped_tables_aside(kernel, monkeypatch):
+    """tuning.TUNED False (ROPE_BWD_TUNED=0): a GPU that has a table for this Triton gets
+    default_config for every bucket of it, as the bench's --untuned measures."""
+    tuning = submodule(kernel, "tuning")
+    monkeypatch.setattr(tuning, "_device_props", lambda device: ("NVIDIA H200", 132))
+    table = tuning.tuned_table("NVIDIA H200", tuning.triton_version())
+    assert table, "no H200 table for this Triton: the case is not exercised"
+    cpu = torch.device("cpu")
+    try:
+        for tuned in (True, False):
+            monkeypatch.setattr(tuning, "TUNED", tuned)
+            _clear(tuning)
+            for key, entry in table.items():
+                mode, D, R, b, S, *layout = key.split("-")
+                R, S = int(R[1:]), tuning.bucket_size(S)
+                args = (mode, S, R // 2, R - R // 2, int(D[1:]), int(b[1:]), cpu, *layout)
+                default = tuning.default_config(mode, S, R, int(D[1:]), int(b[1:]), 132)
+                assert tuning.get_config(*args) == (entry if tuned else default), key
+    finally:
+        _clear(tuning)  # the later tests' lookups, with this machine's GPU
+
+
+def test_untuned_switch_is_read_from_the_environment(kernel):
+    """ROPE_BWD_TUNED=0 in the environment turns TUNED off for the process; unset, it is on."""
+    code = f"""import importlib, kernels
+print(importlib.import_module(kernels.get_kernel({REPO_ID!r}, version=1).__name__ + ".tuning").TUNED)"""
+    for value, want in (("0", "False"), (None, "True")):
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROPE_BWD_TUNED": value}
+        if value is None:
+            del env["ROPE_BWD_TUNED"]
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == want

@@ -6,11 +6,16 @@
 layouts change between Triton releases, and with them the best configuration). Unknown GPUs,
 versions and buckets get `default_config`. Nothing is autotuned at a user's call. The files
 are read as the package's resources, so that a variant in kernels' zip layout finds them too.
+
+ROPE_BWD_TUNED=0 in the environment (read once, at import) sets the tables aside: every call gets
+`default_config`, as on a GPU without a file (the bench's --untuned measures the default set on
+a GPU that has a table).
 """
 
 import functools
 import importlib.resources
 import json
+import os
 import re
 
 import torch
@@ -19,6 +24,7 @@ CONFIG_DIR = importlib.resources.files(__package__) / "configs"
 MODES = ("fwd", "bwd", "bwd_qk")  # forward; backward with the table gradient; backward of q/k only
 BUCKET_TOPS = (256, 1024, 4096, 16384)  # S buckets: S <= each top, then "Sbig"
 BIG = 65536  # the S that stands for "Sbig"
+TUNED = os.environ.get("ROPE_BWD_TUNED", "1") != "0"
 
 
 def s_bucket(S: int) -> str:
@@ -106,7 +112,7 @@ def _device_props(device: torch.device):
 def _lookup(mode, bucket_, HQ, HK, D, elem_size, device, layout):
     name, n_sm = _device_props(device)
     R, S = HQ + HK, bucket_size(bucket_)
-    table = tuned_table(name, triton_version())
+    table = tuned_table(name, triton_version()) if TUNED else {}
     return (
         (layout and table.get(bucket(mode, S, R, D, elem_size, layout)))
         or table.get(bucket(mode, S, R, D, elem_size))
