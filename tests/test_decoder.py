@@ -147,6 +147,60 @@ def test_batched_launch_writes_every_output(kernel, device, mode, gen):
         assert reference.rel_err(o, want[name]) <= 8e-3, name
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("device", DEVICES)
+def test_calls_after_a_remembered_one(kernel, device, gen, monkeypatch, launches):
+    """A call is remembered by its signature (ops._SEEN: checked once; under no grad on the kernel's
+    path, relaunched with no lookup): calls after it of another stride, dtype, sequence length or
+    a misaligned address take the full path, a like one the relaunch; grad mode and a bad call
+    too. Every output is written (allocations poisoned) and matches float64."""
+    ops = kernel.ops
+
+    def poisoning(alloc):
+        def poisoned(*args, **kwargs):
+            t = alloc(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+
+        return poisoned
+
+    for name in ("empty_strided", "empty_like"):  # what the package allocates its outputs with
+        monkeypatch.setattr(torch, name, poisoning(getattr(torch, name)))
+    full, forward = [], ops._forward
+    monkeypatch.setattr(ops, "_forward", lambda *a: full.append(True) or forward(*a))
+
+    def make(S=1, dtype=torch.bfloat16):
+        return [t.detach() for t in make_call(2, S, 4, 2, 64, 64, dtype=dtype, device=device, gen=gen)]
+
+    def misaligned(t):  # t's strides, at an address 2 bytes past a 16-byte boundary
+        buf = torch.empty(t.untyped_storage().nbytes() // t.element_size() + 1, dtype=t.dtype, device=device)
+        return buf.as_strided(t.shape, t.stride(), 1).copy_(t)
+
+    base = make()
+    calls = [
+        ("first", base, False),
+        ("like the first", make(), True),
+        ("q contiguous", [base[0].contiguous(), *base[1:]], False),
+        ("float16", make(dtype=torch.float16), False),
+        ("S = 5", make(5), False),
+        ("q misaligned", [misaligned(base[0]), *base[1:]], False),
+        ("like the first again", make(), True),
+    ]
+    for what, args, relaunched in calls:
+        full.clear()
+        with torch.no_grad():
+            outs = kernel.apply_rotary_pos_emb(*args)
+        refs = llama_rotary(*(t.double() for t in args))
+        for o, r in zip(outs, refs):
+            assert reference.rel_err(o, r) <= tolerance(args[0].dtype), what
+        assert full == ([] if relaunched and kernel_path(device) else [True]), what
+    # one launch each; the misaligned call's relaunch asked first, and was declined (nothing launched)
+    assert launches == (["fwd"] * (len(calls) + 1) if kernel_path(device) else [])
+    check_call(kernel, [t.requires_grad_() for t in make()], gen)  # the seen signature, in grad mode
+    q, k, cos, sin = make()
+    with pytest.raises(ValueError, match="k must have q's batch size B = 2"), torch.no_grad():
+        kernel.apply_rotary_pos_emb(q, k[:1], cos, sin)
+
+
 @pytest.mark.parametrize(
     "bad,error,match",
     [
@@ -298,8 +352,8 @@ def test_one_compile_key_for_every_batch_and_length(kernel):
         cos = torch.empty(table_batch or B, S, D)
         gq, gk = (torch.empty(B, H, S, D).transpose(1, 2) for H in (HQ, HK))
         out_q, out_k = torch.empty(B, S, HQ, D), torch.empty(B, S, HK, D)
-        fwd = launch._key((q, k, out_q, out_k, None, None, cos, cos, None, None), S)[1]
-        bwd = launch._key((gq, gk, out_q, out_k, q, k, cos, cos, torch.empty(B, S, D), torch.empty(B, S, D)), S)[1]
+        fwd = launch._key((q, k, out_q, out_k, None, None, cos, cos, None, None), S)
+        bwd = launch._key((gq, gk, out_q, out_k, q, k, cos, cos, torch.empty(B, S, D), torch.empty(B, S, D)), S)
         return fwd, bwd
 
     for table_batch in (None, 1):

@@ -4,7 +4,8 @@ Compiled once per layout, never per sequence length or batch size: the only runt
 are the pointers and seq_len, the batch is the grid's, and a stride that grows with S (the heads
 of sdpa's [B, H, S, D] gradient seen as [B, S, H, D], the batch of most tensors) is passed as the
 constexpr -a for a*S (`encode_strides`). Eager
-calls find a cached plan by layout and launch through fast_launch where it works, else
+calls find their _Route by the call's signature (one dict lookup for shapes, strides and dtypes
+seen before), its plan cached by layout, and launch through fast_launch where it works, else
 through `rotary_kernel[grid]`; calls traced by torch.compile through wrap_triton.
 """
 
@@ -26,17 +27,28 @@ TENSORS = ("in_q", "in_k", "out_q", "out_k", "q", "k", "table", "sin", "grad_tab
 _JIT = isinstance(rotary_kernel, triton.runtime.JITFunction)  # False under the interpreter
 
 
-def launch_fwd(*, q, k, q_out, k_out, cos=None, sin=None, angles=None, interleaved=False, config=None):
+def launch_fwd(
+    *, q, k, q_out, k_out, cos=None, sin=None, angles=None, interleaved=False, config=None, heads_first=False,
+    route=None,
+):  # fmt: skip
     """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles`.
 
     q [S, HQ, D], k [S, HK, D]; tables [S, R], R even, R <= D (channels R.. pass through);
     or batched: q [B, S, HQ, D], k [B, S, HK, D], tables [B, S, R] or [1, S, R]; any strides;
     float32/bfloat16/float16, math in float32, each output in its own dtype.
     interleaved: pairs (2j, 2j + 1), else (j, j + R/2). config: {BLOCK_S, BLOCK_D, BLOCK_R,
-    num_warps}, or None for tuning.get_config's. Runs on the tensors' device.
+    num_warps}, or None for tuning.get_config's. Runs on the tensors' device. heads_first: q, k
+    and their outputs given as [B, H, S, D] (the decoders' attention views: what the kernel reads
+    as [B, S, H, D], transposed), read as such with no view made.
+
+    Returns the launch's _Route (None where nothing was launched, or traced). Given back as
+    `route` with tensors of the call's dtypes and memory layouts, it launches with no lookup:
+    only the tensors' addresses are read then, so views of them in another order serve; where an
+    address's 16-byte alignment differs from the route's, nothing is launched and None returned.
     """
     table = angles if angles is not None else cos
-    _launch((q, k, q_out, k_out, None, None, table, sin, None, None), False, interleaved, config)
+    tensors = (q, k, q_out, k_out, None, None, table, sin, None, None)
+    return _launch(tensors, False, interleaved, config, heads_first, route)
 
 
 def launch_bwd(
@@ -55,60 +67,122 @@ def launch_bwd(
     grad_angles=None,
     interleaved=False,
     config=None,
+    heads_first=False,
 ):
     """The backward of launch_fwd: grad_q, grad_k (the adjoint rotation of the upstream gradients)
     where given; with q and k given, the table gradient, into grad_angles or grad_cos and
-    grad_sin (shaped [B, S, R] when q is batched). What is not given is neither read nor written."""
+    grad_sin (shaped [B, S, R] when q is batched). What is not given is neither read nor written.
+    heads_first: as for launch_fwd, of the upstream gradients, q, k and their gradients."""
     table = angles if angles is not None else cos
     grad_table = grad_angles if angles is not None else grad_cos
     tensors = (grad_q_embed, grad_k_embed, grad_q, grad_k, q, k, table, sin, grad_table, grad_sin)
-    _launch(tensors, True, interleaved, config)
+    _launch(tensors, True, interleaved, config, heads_first)
 
 
-def _launch(tensors, adjoint, interleaved, config):
+def _launch(tensors, adjoint, interleaved, config, heads_first=False, route=None):
+    x_q = tensors[0]
+    if type(x_q) is not torch.Tensor:
+        _launch_traced(_heads_last(tensors) if heads_first else tensors, adjoint, interleaved, config)
+        return None
+    device = x_q.device
+    if device.type == "cuda" and _several_gpus() and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):  # Triton launches on the current device
+            return _launch(tensors, adjoint, interleaved, config, heads_first, route)
+    if route is None:
+        route, ptrs = _route(tensors, adjoint, interleaved, config, heads_first)
+    else:
+        ptrs = [0 if t is None else t.data_ptr() for t in tensors]
+        if [p % 16 == 0 for p in ptrs] != route.aligned:  # the caller's tensors may be other views:
+            return None  # no lookup on them
+    if route is not None:
+        route.run(tensors, ptrs)
+    return route
+
+
+_ROUTES = {}  # a call's signature -> its _Route
+
+
+def _route(tensors, adjoint, interleaved, config, heads_first):
+    """(the _Route of a call, None for no tokens; the tensors' addresses, 0 for None). Cached by the
+    call's signature (shapes, strides, dtypes, 16-byte alignment: a raw key, cheap to build; its
+    plan is cached by what does not change with S, _key), unless the configuration is given (the
+    tuner's calls)."""
+    ptrs, sig = [], [adjoint, interleaved, heads_first, tensors[0].device]
+    for t in tensors:  # one pass: host time
+        p = 0 if t is None else t.data_ptr()
+        ptrs.append(p)
+        sig.append(t if t is None else (t.shape, t.stride(), t.dtype, p % 16 == 0))
+    sig = tuple(sig)
+    route = _ROUTES.get(sig) if config is None else None
+    if route is not None:
+        return route, ptrs
+    if heads_first:
+        tensors = _heads_last(tensors)
+    B, S, sizes = _sizes(tensors)
+    if S == 0 or B == 0:
+        return None, ptrs
+    chosen = config or _config(tensors, adjoint, sizes, B * S)
+    plan = _plan(*sizes, adjoint, interleaved, _key(tensors, S), tuple(chosen.items()), tensors[0].device.index)
+    grid = (B * -(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
+    route = _Route(plan, grid, S, [p % 16 == 0 for p in ptrs])
+    if config is None:
+        if len(_ROUTES) >= 1024:  # bounded: a new size costs one full lookup, not memory
+            _ROUTES.clear()
+        _ROUTES[sig] = route
+    return route, ptrs
+
+
+def _heads_last(tensors):
+    """The ten tensors with q-like ones given as [B, H, S, D] seen as the kernel's [B, S, H, D]."""
+    return tuple(t if t is None or i >= 6 else t.transpose(-3, -2) for i, t in enumerate(tensors))
+
+
+def _sizes(tensors):
+    """B, S and the constexpr sizes (HQ, HK, D, R) of a call: ints, specialized where a trace has
+    them symbolic (B and S stay as they are)."""
     x_q, x_k = tensors[0], tensors[1]
     B, S = (x_q.shape[0], x_q.shape[1]) if x_q.dim() == 4 else (1, x_q.shape[0])
-    if S == 0 or B == 0:
-        return
-    device = x_q.device
-    if (
-        device.type == "cuda"
-        and type(x_q) is torch.Tensor
-        and _several_gpus()
-        and device.index != torch.cuda.current_device()
-    ):
-        with torch.cuda.device(device):  # Triton launches on the current device
-            return _launch(tensors, adjoint, interleaved, config)
-    # Head counts and head_dim are constexprs: ints, specialized where a trace has them symbolic.
-    HQ, HK, D, R = int(x_q.shape[-2]), int(x_k.shape[-2]), int(x_q.shape[-1]), int(tensors[6].shape[-1])
-    if config is None:
-        mode = "fwd" if not adjoint else ("bwd" if tensors[8] is not None else "bwd_qk")
-        layout = "sdpa" if adjoint and _heads_outside(x_q) else ""
-        # The batch's tokens: what sets the number of programs
-        tokens = _size_hint(B) * _size_hint(S)
-        config = tuning.get_config(mode, tokens, HQ, HK, R, x_q.element_size(), device, layout)
-    if type(x_q) is not torch.Tensor:
-        _launch_traced(tensors, (HQ, HK, D, R), adjoint, interleaved, config)
-        return
-    ptrs, layout = _key(tensors, S)
-    plan = _plan(HQ, HK, D, R, adjoint, interleaved, layout, tuple(config.items()), device.index)
-    grid = (B * -(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
-    if plan.fast is None and fast_launch.ENABLED and _JIT:
-        fast_launch.start_up()
-        compiled = rotary_kernel.warmup(*_pointer_args(tensors), S, grid=grid, **plan.consts)
-        plan.fast = fast_launch.launcher(compiled, plan.const_args, device.index) or False
-    if plan.fast:
-        # Addresses as ints: for tensors the launcher would ask the driver about each pointer.
-        try:
-            plan.fast(grid, (*ptrs, S))
-            plan.proven = True
-            return
-        except (AttributeError, TypeError) as e:  # a launcher that takes other arguments raises
-            if plan.proven:  # before it launches
-                raise
-            fast_launch.warn(e)
-            plan.fast = False
-    rotary_kernel[grid](*_pointer_args(tensors), S, **plan.consts)
+    return B, S, (int(x_q.shape[-2]), int(x_k.shape[-2]), int(x_q.shape[-1]), int(tensors[6].shape[-1]))
+
+
+def _config(tensors, adjoint, sizes, tokens):
+    """tuning.get_config's configuration of a call; sizes: (HQ, HK, D, R); tokens: the batch's
+    tokens, what sets the number of programs (a hint where they are symbolic)."""
+    x_q = tensors[0]
+    HQ, HK, _, R = sizes
+    mode = "fwd" if not adjoint else ("bwd" if tensors[8] is not None else "bwd_qk")
+    layout = "sdpa" if adjoint and _heads_outside(x_q) else ""
+    return tuning.get_config(mode, tokens, HQ, HK, R, x_q.element_size(), x_q.device, layout)
+
+
+class _Route:
+    """The launch of every call of one signature: the plan, grid and seq_len, and which of the
+    ten addresses were 16-byte aligned (the plan's kernel is compiled for that)."""
+
+    __slots__ = ("plan", "grid", "S", "aligned")
+
+    def __init__(self, plan, grid, S, aligned):
+        self.plan, self.grid, self.S, self.aligned = plan, grid, S, aligned
+
+    def run(self, tensors, ptrs):
+        """Launches on the tensors (read for their addresses and dtypes) at ptrs, their addresses."""
+        plan, grid, S = self.plan, self.grid, self.S
+        if plan.fast is None and fast_launch.ENABLED and _JIT:
+            fast_launch.start_up()
+            compiled = rotary_kernel.warmup(*_pointer_args(tensors), S, grid=grid, **plan.consts)
+            plan.fast = fast_launch.launcher(compiled, plan.const_args, tensors[0].device.index) or False
+        if plan.fast:
+            # Addresses as ints: for tensors the launcher would ask the driver about each pointer.
+            try:
+                plan.fast(grid, (*ptrs, S))
+                plan.proven = True
+                return
+            except (AttributeError, TypeError) as e:  # a launcher that takes other arguments raises
+                if plan.proven:  # before it launches
+                    raise
+                fast_launch.warn(e)
+                plan.fast = False
+        rotary_kernel[grid](*_pointer_args(tensors), S, **plan.consts)
 
 
 @functools.cache
@@ -183,18 +257,16 @@ def _as_int(n):
 
 
 def _key(tensors, S):
-    """The tensors' addresses (0 for None) and layout: per tensor None or (encoded strides by role,
-    dtype, 16-byte alignment). One pass; encode_strides only for strides that reach past the tokens."""
-    ptrs, layout = [], []
+    """The tensors' layout: per tensor None or (encoded strides by role, dtype, 16-byte alignment).
+    encode_strides only for strides that reach past the tokens."""
+    layout = []
     for i, t in enumerate(tensors):
         if t is None:
-            ptrs.append(0)
             layout.append(None)
         else:
-            p, st = t.data_ptr(), role_strides(t, i < 6)
-            ptrs.append(p)
-            layout.append((st if max(st) < S * st[0] else encode_strides(st, S), t.dtype, p % 16 == 0))
-    return ptrs, tuple(layout)
+            st = role_strides(t, i < 6)
+            layout.append((st if max(st) < S * st[0] else encode_strides(st, S), t.dtype, t.data_ptr() % 16 == 0))
+    return tuple(layout)
 
 
 def _pointer_args(tensors):
@@ -274,15 +346,17 @@ def _plan(HQ, HK, D, R, adjoint, interleaved, layout, config, device):
     return _Plan(_constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config))
 
 
-def _launch_traced(tensors, sizes, adjoint, interleaved, config):
+def _launch_traced(tensors, adjoint, interleaved, config):
     """The launch under torch.compile (fake or functional tensors): through wrap_triton, so that
-    inductor launches the kernel from its generated code. S may be symbolic; `sizes` are the
-    head counts, head_dim and table width as ints. An input with a symbolic stride that is not a
-    multiple of S is made contiguous first."""
+    inductor launches the kernel from its generated code. S may be symbolic; the head counts,
+    head_dim and table width are made ints (specialized). An input with a symbolic stride that
+    is not a multiple of S is made contiguous first."""
     from torch.library import wrap_triton
 
-    x_q = tensors[0]
-    B, S = (x_q.shape[0], x_q.shape[1]) if x_q.dim() == 4 else (1, x_q.shape[0])
+    B, S, sizes = _sizes(tensors)
+    if S == 0 or B == 0:
+        return
+    config = config or _config(tensors, adjoint, sizes, _size_hint(B) * _size_hint(S))
 
     def encoded(i, t):
         return _encode_traced(role_strides(t, i < 6), S)

@@ -67,34 +67,52 @@ def _table_grads(sin, grad_table, grad_sin) -> dict:
     return {"grad_angles": grad_table} if sin is None else {"grad_cos": grad_table, "grad_sin": grad_sin}
 
 
-def _empty_like(t: Tensor) -> Tensor:
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+def _empty_like(t: Tensor, heads_first=False) -> Tensor:
+    """An output for t, contiguous in the kernel's [(B,) S, H, D] order; for t [B, H, S, D]
+    (heads_first) that memory in t's order, made as such: a view would cost host time, and an
+    autograd.Function's output may not be one."""
+    if not heads_first:
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    _, H, S, D = t.shape
+    return torch.empty_strided(t.shape, (S * H * D, D, H * D, 1), dtype=t.dtype, device=t.device)
 
 
-def forward_impl(q, k, table, sin, interleaved):
-    """(q_embed, k_embed)."""
+def _swap_heads(*tensors):
+    """[B, H, S, D] tensors as [B, S, H, D] and back (None stays None)."""
+    return [t if t is None else t.transpose(-3, -2) for t in tensors]
+
+
+def forward_impl(q, k, table, sin, interleaved, heads_first=False):
+    """(q_embed, k_embed); heads_first: q and k [B, H, S, D], and so the results."""
+    return _forward(q, k, table, sin, interleaved, heads_first)[:2]
+
+
+def _forward(q, k, table, sin, interleaved, heads_first=False):
+    """(q_embed, k_embed, the kernel's launch._Route, None on the PyTorch path)."""
     if not _use_triton(q, k, table):
-        return rotary_torch.forward(q, k, table, sin, interleaved)
-    q_embed, k_embed = _empty_like(q), _empty_like(k)
-    _launch().launch_fwd(q=q, k=k, q_out=q_embed, k_out=k_embed, interleaved=interleaved, **_tables(table, sin))
-    return q_embed, k_embed
+        return (*rotary_torch.forward(q, k, table, sin, interleaved, -3 if heads_first else -2), None)
+    q_embed, k_embed = _empty_like(q, heads_first), _empty_like(k, heads_first)
+    route = _launch().launch_fwd(q=q, k=k, q_out=q_embed, k_out=k_embed, interleaved=interleaved,
+                                 heads_first=heads_first, **_tables(table, sin))  # fmt: skip
+    return q_embed, k_embed, route
 
 
-def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved, out=None):
+def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved, out=None, heads_first=False):
     """(dq, dk, dtable, dsin), None where not asked for; the table gradient when q is given.
-    out: the caller's (dq, dk, dtable) to write instead (rope_bwd_out: angles, all asked for)."""
+    out: the caller's (dq, dk, dtable) to write instead (rope_bwd_out: angles, all asked for).
+    heads_first: gq, gk, q and k [B, H, S, D], and so dq and dk."""
     if not _use_triton(gq, gk, table):
-        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
+        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, interleaved, -3 if heads_first else -2)
         return grads if out is None else (*(o.copy_(g) for o, g in zip(out, grads)), None)
     grad_table = q is not None
     dq, dk, dt = out or (
-        _empty_like(gq) if need_q else None,
-        _empty_like(gk) if need_k else None,
+        _empty_like(gq, heads_first) if need_q else None,
+        _empty_like(gk, heads_first) if need_k else None,
         _grad_rows(table, gq) if grad_table else None,
     )
     ds = _grad_rows(sin, gq) if grad_table and sin is not None else None
-    _launch().launch_bwd(grad_q_embed=gq, grad_k_embed=gk, grad_q=dq, grad_k=dk, q=q, k=k,
-                         interleaved=interleaved, **_tables(table, sin), **_table_grads(sin, dt, ds))  # fmt: skip
+    _launch().launch_bwd(grad_q_embed=gq, grad_k_embed=gk, grad_q=dq, grad_k=dk, q=q, k=k, interleaved=interleaved,
+                         heads_first=heads_first, **_tables(table, sin), **_table_grads(sin, dt, ds))  # fmt: skip
     # A table shared by a batch: the kernel's per-sequence rows summed, in a fixed order.
     dt, ds = (g if g is None or g.shape == t.shape else g.sum(0, keepdim=True) for g, t in ((dt, table), (ds, sin)))
     return dq, dk, dt, ds
@@ -187,15 +205,18 @@ def setup_context(ctx, inputs, output):
     # q and k are kept only when the table needs a gradient (the real models' cos/sin come
     # from buffers): that backward never reads them.
     ctx.save_for_backward(q if table_grad else None, k if table_grad else None, table, sin)
-    ctx.bwd = rotary_bwd
+    ctx.bwd, ctx.heads_first = rotary_bwd, False
 
 
 def backward(ctx, gq, gk):
     q, k, table, sin = ctx.saved_tensors
     need_q, need_k, need_table, need_sin = ctx.needs_input_grad[:4]
+    args = (gq, gk, q, k, table, sin, need_q, need_k, ctx.interleaved)
     # Under create_graph grad mode is on: the gradients then carry a graph of their own.
-    bwd = rotary_grad if torch.is_grad_enabled() else ctx.bwd
-    dq, dk, dt, ds = bwd(gq, gk, q, k, table, sin, need_q, need_k, ctx.interleaved)
+    if torch.is_grad_enabled():
+        dq, dk, dt, ds = rotary_grad(*args, heads_first=ctx.heads_first)
+    else:
+        dq, dk, dt, ds = ctx.bwd(*args, heads_first=True) if ctx.heads_first else ctx.bwd(*args)
     return (
         dq if need_q else None,
         dk if need_k else None,
@@ -210,29 +231,53 @@ rotary_bwd.register_autograd(derivatives.grad_backward, setup_context=derivative
 
 
 class EagerRotary(torch.autograd.Function):
-    """rotary_fwd with its autograd, minus the dispatcher, for eager calls. The context is set in
-    forward: a separate setup_context binds every apply()'s arguments through inspect."""
+    """rotary_fwd with its autograd, minus the dispatcher, for eager calls, and q and k in either
+    layout (heads_first: [B, H, S, D], read as they are: no view, no node for one in the graph).
+    The context is set in forward: a separate setup_context binds every apply()'s arguments
+    through inspect."""
 
     @staticmethod
-    def forward(ctx, q, k, table, sin, interleaved):
-        out = forward_impl(q, k, table, sin, interleaved)
+    def forward(ctx, q, k, table, sin, interleaved, heads_first):
+        out = forward_impl(q, k, table, sin, interleaved, heads_first)
         setup_context(ctx, (q, k, table, sin, interleaved), out)
-        ctx.bwd = backward_impl
+        ctx.bwd, ctx.heads_first = backward_impl, heads_first
         return out
 
-    backward = staticmethod(backward)
+    @staticmethod
+    def backward(ctx, gq, gk):
+        return (*backward(ctx, gq, gk), None)
 
 
-def rotary(q, k, table, sin, interleaved):
-    """The differentiable rotation, through the cheapest path the caller's mode allows."""
+def rotary(q, k, table, sin, interleaved, heads_first=False):
+    """The differentiable rotation, through the cheapest path the caller's mode allows.
+    heads_first: q and k [B, H, S, D] (the decoders' attention views), and so the results."""
     if type(q) is Tensor and not torch.compiler.is_compiling():
-        fn = derivatives.RotaryFn if derivatives.transforms_active() else EagerRotary
-        return fn.apply(q, k, table, sin, interleaved)
-    return rotary_fwd(q, k, table, sin, interleaved)
+        if _untracked(q, k, table, sin):  # as Function.apply would: no node to record
+            return forward_impl(q, k, table, sin, interleaved, heads_first)
+        if not derivatives.transforms_active():
+            return EagerRotary.apply(q, k, table, sin, interleaved, heads_first)
+        fn = derivatives.RotaryFn.apply
+    else:
+        fn = rotary_fwd
+    if heads_first:
+        return tuple(_swap_heads(*fn(*_swap_heads(q, k), table, sin, interleaved)))
+    return fn(q, k, table, sin, interleaved)
 
 
-def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, interleaved):
-    """The differentiable backward (create_graph, transforms): (dq, dk, dtable, dsin)."""
+def _untracked(*tensors) -> bool:
+    """Whether autograd records nothing of a call on these tensors (None where absent) and no
+    torch.func transform or forward-mode AD level is live: the forward alone serves."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return not derivatives.transforms_active()
+
+
+def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, interleaved, heads_first=False):
+    """The differentiable backward (create_graph, transforms): (dq, dk, dtable, dsin);
+    heads_first as for rotary (the graph records the views)."""
+    if heads_first:
+        dq, dk, dt, ds = rotary_grad(*_swap_heads(gq, gk, q, k), table, sin, need_q, need_k, interleaved)
+        return (dq.transpose(-3, -2) if need_q else dq, dk.transpose(-3, -2) if need_k else dk, dt, ds)
     if type(gq) is Tensor and not torch.compiler.is_compiling():
         return derivatives.RotaryGrad.apply(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
     return rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
@@ -305,12 +350,23 @@ def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis
     pairs, each table pair's first half taken for both: rotary_torch.repeat_pairs).
     dtypes: each output in its input's dtype ("kept"), in the promotion of its input's dtype with
     cos's and sin's ("promoted", as a function computing in its inputs' dtypes returns them), or
-    both in q's ("q"). fn names the function in errors."""
+    both in q's ("q"). fn names the function in errors.
+
+    A call like one that passed (_signature) is not checked again; under no grad, where it
+    launched the kernel on its inputs as they are, it allocates the outputs and launches that
+    launch again (_Relaunch): the host time of a decoding step."""
+    key = _signature(fn, pairs, dtypes, heads_axis, q, k, cos, sin)
+    seen = _SEEN.get(key) if key is not None else None
+    if seen is not None and seen.route is not None and _untracked(q, k, cos, sin):
+        out = seen(q, k, cos, sin)
+        if out is not None:
+            return out
+    args = q, k, cos, sin
     single = k is None
-    if heads_axis == -3:
-        q, k = (x.transpose(-3, -2) if isinstance(x, Tensor) and x.dim() == 4 else x for x in (q, k))
+    # q and k [B, H, S, D] are read as they are (the kernel sees them as [B, S, H, D])
+    heads_first = heads_axis == -3 and isinstance(q, Tensor) and q.dim() == 4
     if single and isinstance(q, Tensor) and q.dim() >= 3:
-        k = q[..., :0, :]  # no heads: the kernel writes q's alone
+        k = q[:, :0] if heads_first else q[..., :0, :]  # no heads: the kernel writes q's alone
     batched = isinstance(q, Tensor) and q.dim() == 4
     tables = isinstance(cos, Tensor) and isinstance(sin, Tensor)
     if heads_axis is None and batched and tables and cos.dim() == sin.dim() == 2:
@@ -318,18 +374,78 @@ def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis
     if tables and sin.dtype != cos.dtype:
         table = torch.promote_types(cos.dtype, sin.dtype)
         cos, sin = cos.to(table), sin.to(table)
-    names = [("x", q)] if single else [("q", q), ("k", k)]
-    check_inputs(fn, names if not single else [*names, ("x", k)], [("cos", cos), ("sin", sin)], batched=batched)
+    if seen is None:  # on [B, S, H, D] views, as the messages name the sizes
+        qc, kc = (x.transpose(-3, -2) if heads_axis == -3 and isinstance(x, Tensor) and x.dim() == 4 else x
+                  for x in (q, k))  # fmt: skip
+        names = [("x", qc)] if single else [("q", qc), ("k", kc)]
+        check_inputs(fn, names if not single else [*names, ("x", kc)], [("cos", cos), ("sin", sin)], batched=batched)
     if dtypes == "promoted":  # computed from the unrounded inputs
-        q, k = (x.to(torch.promote_types(x.dtype, cos.dtype)) for x in (q, k))
+        q, k = (_to(x, torch.promote_types(x.dtype, cos.dtype)) for x in (q, k))
     if pairs == "repeated":
         cos, sin = rotary_torch.repeat_pairs(cos), rotary_torch.repeat_pairs(sin)
-    q_embed, k_embed = rotary(q, k, cos, sin, pairs != "halves")
+    interleaved = pairs != "halves"
+    # Outputs as the kernel writes them (not repeated pairs' tables, nor k's result cast to q's dtype)
+    relaunchable = pairs != "repeated" and (dtypes != "q" or single or k.dtype == q.dtype)
+    if key is not None and relaunchable and type(q) is Tensor and _untracked(*args):
+        q_embed, k_embed, route = _forward(q, k, cos, sin, interleaved, heads_first)
+    else:
+        (q_embed, k_embed), route = rotary(q, k, cos, sin, interleaved, heads_first), None
     if dtypes == "q":
-        k_embed = k_embed.to(q_embed.dtype)
-    if heads_axis == -3:
-        q_embed, k_embed = q_embed.transpose(-3, -2), k_embed.transpose(-3, -2)
+        k_embed = _to(k_embed, q_embed.dtype)
+    # the launch runs again only on the inputs' own memory (no dtype conversion made a copy)
+    if route is not None and any(a.data_ptr() != b.data_ptr() for a, b in zip((q, k, cos, sin), args) if b is not None):
+        route = None
+    if key is not None and (seen is None or route is not None and seen.route is None):
+        if len(_SEEN) >= 1024:  # bounded, as a cache; in practice a few layouts per model
+            _SEEN.clear()
+        _SEEN[key] = _Relaunch(route, interleaved, q_embed, None if single else k_embed)
     return q_embed if single else (q_embed, k_embed)
+
+
+def _to(x: Tensor, dtype) -> Tensor:
+    """x in dtype; x itself, without a call into torch, where it has it."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+_SEEN = {}  # _signature of the rotary_calls that passed the checks -> their _Relaunch
+
+
+def _signature(fn, pairs, dtypes, heads_axis, *tensors):
+    """What rotary_call's checks and launch read of a call: its options and each tensor's type,
+    shape, strides, dtype and device. None where it cannot key _SEEN: while tracing (symbolic
+    sizes), or for an argument that is neither a tensor nor None."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        return (fn, pairs, dtypes, heads_axis,
+                *[t if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors])  # fmt: skip
+    except (AttributeError, TypeError):
+        return None
+
+
+class _Relaunch:
+    """A rotary_call that passed the checks; where it ran the kernel on its inputs' own memory
+    under no grad, its launch (a launch._Route, else None) and its outputs' layout, so that a call
+    of the same signature under no grad allocates the outputs and launches, nothing more."""
+
+    __slots__ = ("route", "interleaved", "outs")
+
+    def __init__(self, route, interleaved, *outs):
+        self.route, self.interleaved = route, interleaved
+        self.outs = [o if o is None else (o.shape, o.stride(), o.dtype, o.device) for o in outs]
+
+    def __call__(self, q, k, cos, sin):
+        """(q_embed, k_embed), q_embed alone for a function of one tensor (k None); None where an
+        address's 16-byte alignment differs from the route's (nothing launched)."""
+        (shape, stride, dtype, device), k_out = self.outs
+        q_embed = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        # one tensor: k is q's slice of no heads, whose result is never written
+        k_embed = q_embed if k_out is None else torch.empty_strided(k_out[0], k_out[1], dtype=k_out[2], device=device)
+        launched = _launch().launch_fwd(q=q, k=q if k is None else k, q_out=q_embed, k_out=k_embed, cos=cos, sin=sin,
+                                        interleaved=self.interleaved, route=self.route)  # fmt: skip
+        if launched is None:
+            return None
+        return q_embed if k is None else (q_embed, k_embed)
 
 
 def heads_axis(fn: str, unsqueeze_dim) -> int:

@@ -1,7 +1,8 @@
 """The rotary embedding in PyTorch: the specification the kernel must match, the CPU
 path and the float64 path.
 
-q, k and their gradients are [S, H, D] or [B, S, H, D] (any strides); the table is [S, R]
+q, k and their gradients are [S, H, D] or [B, S, H, D] (any strides; [B, H, S, D] with
+`heads` -3, the decoders' attention views); the table is [S, R]
 or [B, S, R] (B may be 1 against a batch of q/k: one table for every sequence), R even and
 R <= D: angles (`embeddings`, whose cos/sin are taken here) or a (cos, sin) pair.
 The first R channels of each head are rotated in pairs, the other D - R pass through:
@@ -57,13 +58,13 @@ def cos_sin(table: torch.Tensor, sin, dtype: torch.dtype):
     return table.to(dtype), sin.to(dtype)
 
 
-def rotate(x, cos, sin, *, adjoint: bool, interleaved: bool = False) -> torch.Tensor:
-    """The rotation of x [..., S, H, D] by cos/sin [..., S, R] (math dtype), or its adjoint;
-    math dtype."""
+def rotate(x, cos, sin, *, adjoint: bool, interleaved: bool = False, heads: int = -2) -> torch.Tensor:
+    """The rotation of x [..., S, H, D] (heads -2) or [..., H, S, D] (-3) by cos/sin [..., S, R]
+    (math dtype), or its adjoint; math dtype."""
     rot = cos.shape[-1]
     x1, x2, tail = split_pairs(x.to(cos.dtype), rot, interleaved)
-    c1, c2, _ = split_pairs(cos.unsqueeze(-2), rot, interleaved)
-    s1, s2, _ = split_pairs(sin.unsqueeze(-2), rot, interleaved)
+    c1, c2, _ = split_pairs(cos.unsqueeze(heads), rot, interleaved)
+    s1, s2, _ = split_pairs(sin.unsqueeze(heads), rot, interleaved)
     if adjoint:
         y1, y2 = x1 * c1 + x2 * s2, x2 * c2 - x1 * s1
     else:
@@ -71,28 +72,28 @@ def rotate(x, cos, sin, *, adjoint: bool, interleaved: bool = False) -> torch.Te
     return join_pairs(y1, y2, tail, interleaved)
 
 
-def grad_cos_sin(gq, gk, q, k, rot: int, dtype: torch.dtype, interleaved: bool = False):
+def grad_cos_sin(gq, gk, q, k, rot: int, dtype: torch.dtype, interleaved: bool = False, heads: int = -2):
     """Gradients of the cos and sin tables [..., S, R]: sums over the heads of q and k of g*x
     and g*rotated(x), rotated(x) = (-x2, x1) pairwise."""
     gc1 = gc2 = gs1 = gs2 = 0
     for g, x in ((gq, q), (gk, k)):
         g1, g2, _ = split_pairs(g.to(dtype), rot, interleaved)
         x1, x2, _ = split_pairs(x.to(dtype), rot, interleaved)
-        gc1, gc2 = gc1 + (g1 * x1).sum(-2), gc2 + (g2 * x2).sum(-2)
-        gs1, gs2 = gs1 - (g1 * x2).sum(-2), gs2 + (g2 * x1).sum(-2)
+        gc1, gc2 = gc1 + (g1 * x1).sum(heads), gc2 + (g2 * x2).sum(heads)
+        gs1, gs2 = gs1 - (g1 * x2).sum(heads), gs2 + (g2 * x1).sum(heads)
     return join_pairs(gc1, gc2, None, interleaved), join_pairs(gs1, gs2, None, interleaved)
 
 
-def forward(q, k, table, sin=None, interleaved=False):
+def forward(q, k, table, sin=None, interleaved=False, heads=-2):
     """(q_embed, k_embed). table: the angles when sin is None, else cos."""
     cos, sn = cos_sin(table, sin, math_dtype(q, k))
     return (
-        rotate(q, cos, sn, adjoint=False, interleaved=interleaved).to(q.dtype),
-        rotate(k, cos, sn, adjoint=False, interleaved=interleaved).to(k.dtype),
+        rotate(q, cos, sn, adjoint=False, interleaved=interleaved, heads=heads).to(q.dtype),
+        rotate(k, cos, sn, adjoint=False, interleaved=interleaved, heads=heads).to(k.dtype),
     )
 
 
-def backward(gq, gk, q, k, table, sin=None, need_q=True, need_k=True, interleaved=False):
+def backward(gq, gk, q, k, table, sin=None, need_q=True, need_k=True, interleaved=False, heads=-2):
     """(grad_q, grad_k, grad_table, grad_sin), None where not asked for.
 
     The table gradient is computed when q and k are given (they are read only for it):
@@ -101,11 +102,11 @@ def backward(gq, gk, q, k, table, sin=None, need_q=True, need_k=True, interleave
     """
     dt = math_dtype(gq, gk)
     cos, sn = cos_sin(table, sin, dt)
-    dq = rotate(gq, cos, sn, adjoint=True, interleaved=interleaved).to(gq.dtype) if need_q else None
-    dk = rotate(gk, cos, sn, adjoint=True, interleaved=interleaved).to(gk.dtype) if need_k else None
+    dq = rotate(gq, cos, sn, adjoint=True, interleaved=interleaved, heads=heads).to(gq.dtype) if need_q else None
+    dk = rotate(gk, cos, sn, adjoint=True, interleaved=interleaved, heads=heads).to(gk.dtype) if need_k else None
     if q is None:
         return dq, dk, None, None
-    gcos, gsin = grad_cos_sin(gq, gk, q, k, cos.shape[-1], dt, interleaved)
+    gcos, gsin = grad_cos_sin(gq, gk, q, k, cos.shape[-1], dt, interleaved, heads)
     if sin is None:  # d/dangle (cos, sin) = (-sin, cos)
         return dq, dk, (cos * gsin - sn * gcos).sum_to_size(table.shape).to(table.dtype), None
     return dq, dk, gcos.sum_to_size(table.shape).to(table.dtype), gsin.sum_to_size(sin.shape).to(sin.dtype)
