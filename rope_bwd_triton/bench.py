@@ -1,4 +1,4 @@
-"""`python -m rope_bwd_triton bench --preset suite|realcall|decoder|copybound`: verify, then time.
+"""`python -m rope_bwd_triton bench --preset suite|realcall|decoder|decode|copybound`: verify, then time.
 
 Presets (each a set of defaults; an option given on the command line wins):
     suite      ours and the peers against the byte floor, per task, on the 16 public
@@ -8,12 +8,16 @@ Presets (each a set of defaults; an option given on the command line wins):
                gradient layouts, against a copy of its bytes and the peers (realcall.py)
     decoder    the same for the decoders' apply_rotary_pos_emb: q/k views of the q and k
                projections of Llama-3-8B and Qwen3-Omni's Thinker, batches 1 and 4 (realcall.py)
+    decode     the decoders' call of a generation step, forward only under no grad: S = 1 at
+               B 1, 8 and 64, and a prefill at B = 1, S = 2048; GPU time and wall time per call
+               in a loop (host-bound), against transformers and torch.compile (realcall.py)
     copybound  the suite's calls against the best plain Triton copy of each task's bytes
                (copybound.py)
 
 The kernel loads as users load it (the Hub variants built into build/, kernels.get_kernel);
 --ab adds other builds of it (checkouts with build/) to the same run, for A/B comparisons
-in one process. Every implementation is verified against float64 before it is timed; a
+in one process; --untuned sets the tuned tables aside (ROPE_BWD_TUNED=0: default_config
+everywhere). Every implementation is verified against float64 before it is timed; a
 workload's implementations are then timed in turns, over --rounds rounds that each start
 one implementation later, so that none gains from its place in the order.
 Each call is timed by two methods at once (timing.py): the kernel span (CUPTI) and CUDA
@@ -41,70 +45,54 @@ PRESETS = {
     "decoder": dict(seq_lens=list(realcall.DECODER_SEQ_LENS), models=list(models.DECODER_NAMES),
                     batches=list(realcall.BATCHES), calls=40, rounds=6, timer="span", dtypes=["bfloat16"],
                     layouts=["sdpa"], peers=list(realcall.PEERS), verify_tokens=2048),
+    "decode": dict(seq_lens=[1, 2048], models=list(models.DECODER_NAMES), batches=[1, 8, 64], calls=40, rounds=6,
+                   timer="span", dtypes=["bfloat16"], layouts=["none"], peers=["compile", "transformers"],
+                   verify_tokens=2048),
 }  # fmt: skip
 PRESETS["copybound"] = dict(PRESETS["suite"], set="suite", peers=["copy"], calls=20)
 QUICK = dict(seq_lens=[8, 33], heads=2, head_dims=[16], calls=3, copy_mib=16)
 QUICK_COPYBOUND = dict(QUICK, seq_lens=[8], calls=2, copy_mib=1)  # Triton's interpreter is slow
 QUICK_DECODER = dict(seq_lens=[8, 33], batches=[1, 2], calls=3)  # the models' real heads
+QUICK_DECODE = dict(seq_lens=[1, 8], batches=[1, 2], calls=3, rounds=2)
 # Timings mean nothing on the CPU (nor does its copy bandwidth): a few calls and a small buffer
 # exercise the path; the demo shows the verification and the recorded H200 figures there (nogpu.py).
 CPU_COPY_MIB, CPU_CALLS = 16, 3
 SUITE_ENGINE = ("suite", "copybound")
-REAL_CALLS = ("realcall", "decoder")  # realcall.py measures both
+REAL_CALLS = ("realcall", "decoder", "decode")  # realcall.py measures them
 ONLY = {"set": SUITE_ENGINE, "tasks": SUITE_ENGINE, "copy_mib": SUITE_ENGINE, "dtypes": REAL_CALLS,
         "layouts": REAL_CALLS, "variants": ("realcall",), "heads": ("suite", "realcall", "copybound"),
-        "head_dims": ("suite", "realcall", "copybound"), "models": ("decoder",), "batches": ("decoder",)}  # fmt: skip
+        "head_dims": ("suite", "realcall", "copybound"), "models": ("decoder", "decode"),
+        "batches": ("decoder", "decode")}  # fmt: skip
 
 
 def add_arguments(parser):
     parser.add_argument("--preset", choices=list(PRESETS), default="suite", help="what to measure (default: suite)")
-    parser.add_argument(
-        "--set",
-        choices=("suite", "scaling", "all"),
-        help="suite: the 16 public workloads; scaling: S 16384/65536 and head_dim 72/80 (suite default: all)",
-    )
-    parser.add_argument(
-        "--seq-lens", type=cli.positive_int, nargs="+", help="sizes to measure (suite: instead of --set)"
-    )
+    parser.add_argument("--set", choices=("suite", "scaling", "all"), help="suite: the 16 public workloads; scaling: S "
+                        "16384/65536 and head_dim 72/80 (suite default: all)")  # fmt: skip
+    parser.add_argument("--seq-lens", type=cli.positive_int, nargs="+",
+                        help="sizes to measure (suite: instead of --set; decode: S > 1 at B = 1 alone)")  # fmt: skip
     parser.add_argument("--head-dims", type=cli.head_dim, nargs="+")
     parser.add_argument("--heads", type=cli.positive_int, help="heads of q and of k (default 16)")
-    parser.add_argument(
-        "--dtypes", nargs="+", choices=("bfloat16", "float16"), help="realcall, decoder (default bfloat16)"
-    )
-    parser.add_argument(
-        "--layouts",
-        nargs="+",
-        choices=realcall.LAYOUTS,
-        help="realcall, decoder: the upstream gradient, sdpa's [B, H, S, D] (realcall: seen as [S, H, D]) or "
-        "flash-attention's [B, S, H, D] (decoder default: sdpa)",
-    )
-    parser.add_argument("--models", nargs="+", choices=models.DECODER_NAMES, help="decoder: whose heads (default: all)")
-    parser.add_argument("--batches", type=cli.positive_int, nargs="+", help="decoder: batch sizes (default 1 4)")
-    parser.add_argument(
-        "--variants",
-        nargs="+",
-        choices=realcall.VARIANTS,
-        help="realcall: the rotary forms families use (default halves; the peers serve halves alone)",
-    )
+    parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), help="realcall, decoder, decode "
+                        "(default bfloat16)")  # fmt: skip
+    parser.add_argument("--layouts", nargs="+", choices=realcall.LAYOUTS, help="realcall, decoder: the upstream "
+                        "gradient, sdpa's [B, H, S, D] (realcall: seen as [S, H, D]) or flash-attention's [B, S, H, D] "
+                        "(decoder default: sdpa)")  # fmt: skip
+    parser.add_argument("--models", nargs="+", choices=models.DECODER_NAMES, help="decoder, decode: whose heads (all)")
+    parser.add_argument("--batches", type=cli.positive_int, nargs="+", help="decoder, decode: batches (1 4; 1 8 64)")
+    parser.add_argument("--untuned", action="store_true", help="default_config, not the GPU's tuned table")
+    parser.add_argument("--variants", nargs="+", choices=realcall.VARIANTS, help="realcall: the rotary forms families "
+                        "use (default halves; the peers serve halves alone)")  # fmt: skip
     parser.add_argument("--tasks", type=cli.subset_of(measure.TASKS, "tasks"), help=f"of {','.join(measure.TASKS)}")
     peers = tuple(dict.fromkeys(measure.PEERS + realcall.PEERS))
-    parser.add_argument(
-        "--peers",
-        type=cli.subset_of(peers, "peers"),
-        help=f"comma-separated; suite: {','.join(measure.PEERS)}; realcall, decoder: {','.join(realcall.PEERS)}",
-    )
+    parser.add_argument("--peers", type=cli.subset_of(peers, "peers"), help=f"comma-separated; suite: "
+                        f"{','.join(measure.PEERS)}; realcall, decoder(s): {','.join(realcall.PEERS)}")  # fmt: skip
     parser.add_argument("--ab", type=Path, nargs="+", help="also time other builds of ours: checkouts with build/")
     parser.add_argument("--calls", type=cli.positive_int, help="timed calls per workload (default 40)")
-    parser.add_argument(
-        "--rounds",
-        type=cli.positive_int,
-        help="the calls split over rounds in which a workload's implementations take turns (default 6)",
-    )
-    parser.add_argument(
-        "--timer",
-        choices=("events", "span"),
-        help="primary figure: kernel span (CUPTI) or CUDA events; both are recorded (default: span)",
-    )
+    parser.add_argument("--rounds", type=cli.positive_int, help="the calls split over rounds in which a workload's "
+                        "implementations take turns (default 6)")  # fmt: skip
+    parser.add_argument("--timer", choices=("events", "span"), help="primary figure: kernel span (CUPTI) or CUDA "
+                        "events; both are recorded (default: span)")  # fmt: skip
     parser.add_argument("--copy-mib", type=cli.positive_int, help="copy-bandwidth buffer (default 1024)")
     parser.add_argument("--verify-tokens", type=cli.positive_int, help="token rows verified per workload")
     parser.add_argument("--seed", type=int, default=0)
@@ -113,12 +101,8 @@ def add_arguments(parser):
     parser.add_argument("--json", type=Path, help="default: results/bench-<preset>.json")
     parser.add_argument("--markdown", type=Path, help="default: results/bench-<preset>.md")
     parser.add_argument("--plot", type=Path, help="default: results/bench-<preset>.png")
-    parser.add_argument(
-        "--from-json",
-        type=cli.existing_file,
-        nargs="+",
-        help="measure nothing: render the markdown and plot from saved JSON runs of the preset",
-    )
+    parser.add_argument("--from-json", type=cli.existing_file, nargs="+", help="measure nothing: render the markdown "
+                        "and plot from saved JSON runs of the preset")  # fmt: skip
 
 
 def resolve(args):
@@ -146,7 +130,8 @@ def resolve(args):
             raise cli.UsageError(
                 "copybound times Triton kernels: it needs a CUDA GPU (or --quick with TRITON_INTERPRET=1)"
             )
-    quick = {"copybound": QUICK_COPYBOUND, "decoder": QUICK_DECODER}.get(args.preset, QUICK) if args.quick else {}
+    quick = {"copybound": QUICK_COPYBOUND, "decoder": QUICK_DECODER, "decode": QUICK_DECODE}.get(args.preset, QUICK)
+    quick = quick if args.quick else {}
     defaults = {**PRESETS[args.preset], **quick}
     if args.device == "cpu" and not args.quick:
         defaults.update(copy_mib=CPU_COPY_MIB, calls=CPU_CALLS)
@@ -181,6 +166,8 @@ def run(args) -> dict:
     """Loads the kernel (and the --ab builds) and measures the preset."""
     from .load import load_kernel, load_other
 
+    if args.untuned:  # read by tuning.py when the kernel is imported
+        os.environ["ROPE_BWD_TUNED"] = "0"
     kernel = load_kernel()
     others = [load_other(path) for path in args.ab or ()]
     print(header(kernel, args.device), flush=True)

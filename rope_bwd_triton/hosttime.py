@@ -20,14 +20,14 @@ S, H, D = 256, 16, 72  # Qwen3-Omni's heads; q and k are views of one qkv projec
 NEW_SIZES = range(300, 700)
 
 
-def per_call_us(rows, n=200, rounds=15):
+def per_call_us(rows, n=200, rounds=15, sync=torch.cuda.synchronize):
     """{name: (median, best) us per call}, the rows interleaved pass by pass."""
     from .timing import interleave
 
     for fn in rows.values():
         for _ in range(20):
             fn()
-    torch.cuda.synchronize()
+    sync()
 
     def one_pass(name):
         fn = rows[name]
@@ -35,7 +35,7 @@ def per_call_us(rows, n=200, rounds=15):
         for _ in range(n):
             fn()
         us = (time.perf_counter() - t0) / n * 1e6
-        torch.cuda.synchronize()
+        sync()
         return us
 
     passes = interleave(rows, one_pass, rounds)
@@ -176,6 +176,7 @@ def markdown(runs, meta) -> str:
         )
 
     names = list(dict.fromkeys(n for r in ok.values() for n in r["rows"]))
+    impls = list(next(iter(ok.values()))["new_size"]) if ok else []
     v = meta["versions"]
     return (
         "\n".join(
@@ -188,12 +189,7 @@ def markdown(runs, meta) -> str:
                 f"Host us per forward + backward (sdpa's gradient layout) over {len(NEW_SIZES)} sizes never seen "
                 f"(S = {NEW_SIZES.start}..{NEW_SIZES.stop - 1}), and over one size as often:",
                 "",
-                table(
-                    "implementation",
-                    "new_size",
-                    list(next(iter(ok.values()))["new_size"]) if ok else [],
-                    ("new S us", "seen S us"),
-                ),  # fmt: skip
+                table("implementation", "new_size", impls, ("new S us", "seen S us")),
                 *(f"fast launch {setting}: {r['error']}" for setting, r in runs.items() if "error" in r),
             ]
         )

@@ -3,6 +3,7 @@ tables, and plots, which are skipped with a notice where matplotlib is not insta
 command writes its other results all the same)."""
 
 import importlib.metadata
+import os
 import platform
 import shlex
 import sys
@@ -43,6 +44,7 @@ def run_meta(device, *, kernel=None, timer=None, **fields) -> dict:
         "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
         "device": str(device),
         "versions": versions(),
+        "tuned_tables": os.environ.get("ROPE_BWD_TUNED", "1") != "0",  # tuning.py's switch
     }
     if kernel is not None:
         meta["kernel_variant"] = kernel.__name__

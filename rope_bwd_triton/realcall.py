@@ -24,6 +24,9 @@ returns it (contiguous [B, H, S, D]; flash: [B, S, H, D] transposed). Shapes: Ll
 Qwen3-Omni's Thinker's heads (models.decoder_shapes). Peers: transformers' function (the plain
 one under its hub decorator), torch.compile of it, Liger-Kernel's liger_rotary_pos_emb (which
 rotates its inputs in place: it gets copies of its own). Verified on token rows (b, s).
+`--preset decode`: that call in a generation step, the forward alone under no grad (S = 1 at
+every batch, longer S, a prefill, at B = 1): GPU time as above, and wall time per call in a loop
+of calls (hosttime.per_call_us), which the host's time per call sets.
 """
 
 import statistics
@@ -116,14 +119,17 @@ class FwdBwd:
     """One real call of `fn` (q, k, cos, sin) -> (q_embed, k_embed): forward, then the
     gradients of q and k; keeps the latest (q_embed, k_embed, dq, dk)."""
 
-    def __init__(self, fn, x):
-        self.fn, self.x, self.last = fn, x, ()
+    def __init__(self, fn, x, backward=True):
+        self.fn, self.x, self.backward, self.last = fn, x, backward, ()
 
     def __call__(self):
         import torch
 
         x = self.x
-        out = self.fn(x["q"], x["k"], x["cos"], x["sin"])
+        with torch.set_grad_enabled(self.backward):  # without: a decoding step, its outputs alone
+            out = self.last = self.fn(x["q"], x["k"], x["cos"], x["sin"])
+        if not self.backward:
+            return
         self.last = (*out, *torch.autograd.grad(out, (x["q"], x["k"]), (x["gq"], x["gk"])))
 
 
@@ -225,7 +231,7 @@ def reference(x, rows, interleaved=False, S=None):
 def workloads(args):
     """(variant, dtype, (model, HQ, HK, D), layout, B, S) of the run; model and B are None for the
     vision call ([S, H, D] tensors, HQ = HK = --heads)."""
-    if args.preset == "decoder":
+    if args.preset in ("decoder", "decode"):
         from .models import decoder_shapes
 
         shapes = [(name, *decoder_shapes()[name]) for name in args.models]
@@ -241,6 +247,7 @@ def workloads(args):
         for lay in args.layouts
         for B in batches
         for S in args.seq_lens
+        if args.preset != "decode" or S == 1 or B == 1  # decode: a prefill at B = 1
     ]
 
 
@@ -250,17 +257,20 @@ def measure(args, kernel, others=()) -> dict:
     import torch
     from tqdm import tqdm
 
+    from .hosttime import per_call_us
+    from .models import sync
     from .output import run_meta
     from .timing import ColdL2Timer
 
     device = torch.device(args.device)
     timer = ColdL2Timer(device, calls=args.calls, primary=args.timer)
-    decoder = args.preset == "decoder"
+    decoder, step = args.preset in ("decoder", "decode"), args.preset == "decode"
     variants = args.variants or ["halves"]
     impls = {v: implementations(kernel, others, set(args.peers), v, decoder) for v in variants}
     todo = workloads(args)
     shape = dict(models=args.models, batches=args.batches) if decoder else dict(heads=args.heads)
-    meta = run_meta(device, kernel=kernel, timer=timer, rounds=args.rounds, ab=[str(p) for p in args.ab or ()], **shape)
+    meta = run_meta(device, kernel=kernel, timer=timer, rounds=args.rounds, ab=[str(p) for p in args.ab or ()],
+                    preset=args.preset, **shape)  # fmt: skip
     rows_out = []
     n_runs = sum(len(impls[w[0]]) + ("copy" in args.peers) for w in todo)
     with tqdm(total=n_runs, desc=args.preset, unit="run", file=sys.stderr) as bar:
@@ -278,9 +288,8 @@ def measure(args, kernel, others=()) -> dict:
             if decoder:
                 entry.update(model=model, HK=HK, B=B)
             entry.update(bytes=sum(nbytes.values()), results={})
-            calls = {
-                name: FwdBwd(fn, private_copy(x) if name == "liger" else x) for name, (_, fn) in impls[variant].items()
-            }
+            calls = {name: FwdBwd(fn, private_copy(x) if name == "liger" else x, not step)
+                     for name, (_, fn) in impls[variant].items()}  # fmt: skip
             if "copy" in args.peers:
                 calls["copy"] = Copies(nbytes, device)
             checks, outcome = {}, {}  # outcome: the exception a call raised, else its Stats
@@ -299,6 +308,9 @@ def measure(args, kernel, others=()) -> dict:
             bar.set_postfix_str(f"{workload_name(entry)} timing")
             # ours, the A/B builds and the peers in turns
             outcome |= timer.in_rounds({n: c for n, c in calls.items() if n in checks}, args.rounds)
+            if step:  # host-bound: back to back, as generation calls it
+                walls = per_call_us({n: c for n, c in calls.items() if n in checks}, n=5 * args.calls,
+                                    rounds=args.rounds, sync=lambda: sync(device))  # fmt: skip
             for name in calls:
                 out = outcome[name]
                 if isinstance(out, Exception):
@@ -306,6 +318,8 @@ def measure(args, kernel, others=()) -> dict:
                     bar.write(f"  {name} {workload_name(entry)}: {entry['results'][name]['error']}")
                 else:
                     entry["results"][name] = {"time": out.as_dict(), "verify": checks[name]}
+                    if step:
+                        entry["results"][name]["time"]["wall_us"] = walls[name][0]  # median pass
                     if not checks[name]["ok"]:
                         bar.write(f"  {name} {workload_name(entry)}: verification FAILED {checks[name]}")
                 bar.update()
@@ -314,13 +328,14 @@ def measure(args, kernel, others=()) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     labels = {name: label for v in variants for name, (label, _) in impls[v].items()}
-    labels["copy"] = "copy of the same bytes (2 launches)"
+    if "copy" in args.peers:
+        labels["copy"] = "copy of the same bytes (2 launches)"
     return {"meta": meta, "labels": labels, "workloads": rows_out}
 
 
-def _us(entry, name):
+def _us(entry, name, figure="mean_us"):
     r = entry["results"].get(name, {})
-    return r["time"]["mean_us"] if "time" in r else None
+    return r["time"].get(figure) if "time" in r else None
 
 
 def render_markdown(runs) -> str:
@@ -346,35 +361,34 @@ def _keys(w) -> tuple:
 def _markdown(run) -> str:
     meta, labels = run["meta"], run["labels"]
     names = [n for n in labels if n != "ours"]
-    header = _keys(run["workloads"][0])[0] + ["ours us"] if run["workloads"] else []
-    for n in names:
-        header += [f"{labels[n]} us", _ratio(n)]
+    figures = {"mean_us": "us", "wall_us": "wall us"} if meta.get("preset") == "decode" else {"mean_us": "us"}
+    header = _keys(run["workloads"][0])[0] + [f"ours {f}" for f in figures.values()] if run["workloads"] else []
+    for n, f in ((n, f) for n in names for f in figures.values()):
+        header += [f"{labels[n]} {f}", _ratio(n)]
     rows = []
     for w in run["workloads"]:
-        ours = _us(w, "ours")
-        row = _keys(w)[1] + [f"{ours:.1f}" if ours else "—"]
-        for n in names:
-            t = _us(w, n)
+        row = _keys(w)[1] + [f"{t:.1f}" if (t := _us(w, "ours", f)) else "—" for f in figures]
+        for n, f in ((n, f) for n in names for f in figures):
+            t, ours = _us(w, n, f), _us(w, "ours", f)
             ratio = (ours / t if _ratio(n).startswith("ours") else t / ours) if t and ours else None
             row += [f"{t:.1f}" if t else "—", f"{ratio:.3f}" if ratio else "—"]
         rows.append(row)
     fails = suite.failures([run], workload_name, prefixes=("",))  # every implementation
     gpu = meta.get("gpu") or f"{meta['device']} ({meta.get('note', '')})"
-    if "models" in meta:
+    if meta.get("preset") == "decode":
+        call = ("Decode step (the decoders' call, forward only under no grad: q/k views of the projections, cos/sin "
+                "[B, S, D] in q's dtype); us: GPU, wall us: per call in a loop")  # fmt: skip
+    elif "models" in meta:
         call = ("Decoder call (q/k views of the q and k projections, cos/sin [B, S, D] in q's dtype without "
                 "gradient, forward + backward of q and k)")  # fmt: skip
     else:
         call = (f"Real call (q/k views of one qkv, cos/sin without gradient, forward + backward of q and k), "
                 f"{meta['heads']} heads")  # fmt: skip
-    lines = [
-        f"{call}; {gpu}; {meta['timer']}; mean of {meta['calls']} calls{output.in_rounds(meta)}; "
-        f"torch {meta['versions']['torch']}, triton {meta['versions']['triton']}; {meta['date']}.  ",
-        f"Command: `{meta['command']}`",
-        "",
-        output.markdown_table(header, rows),
-        "",
-        "Verification (float64, before timing): " + ("all passed." if not fails else "FAILED: " + "; ".join(fails)),
-    ]
+    verified = "all passed." if not fails else "FAILED: " + "; ".join(fails)
+    lines = [f"{call}; {gpu}; {meta['timer']}; mean of {meta['calls']} calls{output.in_rounds(meta)}; torch "
+             f"{meta['versions']['torch']}, triton {meta['versions']['triton']}; {meta['date']}.  ",
+             f"Command: `{meta['command']}`", "", output.markdown_table(header, rows), "",
+             f"Verification (float64, before timing): {verified}"]  # fmt: skip
     ratios = [_us(w, "ours") / _us(w, "copy") for w in run["workloads"] if _us(w, "ours") and _us(w, "copy")]
     if ratios:
         lines.append(
@@ -398,12 +412,8 @@ def render_plot(runs, path) -> bool:
                 run_label = f"run {i + 1}: " if len(runs) > 1 else ""
                 ax.plot(*zip(*pts), "-o", ms=3, label=run_label + " ".join(map(str, key)))
     ax.axhline(1.0, color="k", ls="--", lw=1, label="copy of the same bytes")
-    ax.set(
-        xscale="log",
-        xlabel="S (tokens)",
-        ylabel="ours / copy (time)",
-        title=f"real call, forward + backward, {runs[0]['meta'].get('gpu') or 'CPU (meaningless)'}",
-    )
+    ax.set(xscale="log", xlabel="S (tokens)", ylabel="ours / copy (time)",
+           title=f"real call, forward + backward, {runs[0]['meta'].get('gpu') or 'CPU (meaningless)'}")  # fmt: skip
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     output.save_figure(fig, path)

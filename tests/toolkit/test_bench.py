@@ -427,6 +427,27 @@ def test_quick_decoder_liger_in_the_interpreter(tmp_path):
         assert all(r["verify"]["ok"] for r in w["results"].values()), w["results"]
 
 
+def test_quick_decode_preset(tmp_path):
+    """A generation step's call, forward only under no grad: S = 1 at every batch, the prefill at
+    B = 1, ours and transformers' function verified against float64 (forward values); GPU and wall
+    time per call in the table; --untuned recorded."""
+    files = _files(tmp_path, "decode")
+    _bench("--preset", "decode", "--quick", "--models", "llama3-8b", "--peers", "transformers", "--untuned",
+           *_flags(files))  # fmt: skip
+    run = json.loads(files["json"].read_text())
+    assert run["meta"]["preset"] == "decode" and run["meta"]["tuned_tables"] is False
+    assert [(w["B"], w["S"]) for w in run["workloads"]] == [(1, 1), (1, 8), (2, 1)]
+    for w in run["workloads"]:
+        assert list(w["results"]) == ["ours", "transformers"]
+        for r in w["results"].values():
+            assert r["verify"]["ok"] and len(r["verify"]["rel_err"]) == 2, r["verify"]  # the outputs alone
+            assert r["time"]["wall_us"] > 0 and r["time"]["mean_us"] > 0
+    md = files["markdown"].read_text()
+    assert "| model | heads | B | dtype | grad layout | S | ours us | ours wall us |" in md
+    assert "| transformers (eager) us | transformers / ours | transformers (eager) wall us |" in md
+    assert "| llama3-8b | 32/8 x 128 | 2 | bfloat16 | none | 1 |" in md
+
+
 def test_plain_function_unwraps_kernels_hub_decorator():
     from kernels import use_kernel_forward_from_hub
 
