@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# What runs on the H200 (the device machine: python3 with torch and triton, no
-# network). Installs the carried wheels (.whl/: kernels, tomlkit, liger-kernel,
-# tabulate) into /tmp/site, then runs the stages named as arguments, writing
-# everything under $OUT:
+# What runs on the GPU machine (an H100 or H200: python3 with torch and triton, no network;
+# results go to benchmarks/<gpu>/). Installs the carried wheels (.whl/: kernels, transformers,
+# huggingface_hub, liger-kernel, tomlkit, tabulate and what they need) into /tmp/site, then
+# runs the stages named as arguments, writing everything under $OUT:
 #   tests     the whole pytest suite (GPU tests included, and refused to skip: tests/skips.py;
 #             PYTEST_ARGS narrows it)
+#   tests-shard  shard SHARD=k/n of the suite (a hash of each test's id: tests/conftest.py) but
+#             the whole_gpu tests, on XDIST workers (default 14); each of 3 shards fits one
+#             10-minute call: for k in 1 2 3: SHARD=$k/3 bash scripts/gpu.sh tests-shard
+#   tests-big the whole_gpu tests (2^31 elements: up to 54 GB), one process, no other workers,
+#             so that they fit an 80 GB H100: bash scripts/gpu.sh tests-big
 #   bench     the suite preset: the 16 public workloads, then S = 16384 / 65536 and head_dim
 #             72 / 80, in one process (one copy-bandwidth figure for all)
 #   realcall  the real model's call (views of qkv, sdpa's and flash-attention's gradient
@@ -12,6 +17,11 @@
 #   decoder   the decoders' call (Llama-3-8B's and Qwen3-Omni's Thinker's heads, views of the q/k
 #             projections, sdpa's gradient, B 1 and 4, S 2048 to 32768) against a copy of its bytes
 #             and the peers, transformers, torch.compile and Liger-Kernel (DECODER_ARGS)
+#   decode    those heads' call in a generation step, forward only under no grad (S = 1 at B 1, 8,
+#             64; a prefill at B 1, S 2048): GPU and wall time per call against transformers and
+#             torch.compile (DECODE_ARGS)
+#   UNTUNED=1 makes every bench stage measure default_config where the GPU has a tuned table
+#             (bench --untuned; outputs named <stage>-untuned), e.g. UNTUNED=1 bash scripts/gpu.sh decode
 #   copybound ours against the best plain Triton copy of each task's bytes on the suite
 #   ab        this tree against other builds in one process (AB="<checkouts with build/>", default
 #             .ab/base): the 16 public workloads, and the real call at S = 1024/4096/16384
@@ -43,16 +53,25 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 run_bench() {  # run_bench <preset> <name of its outputs under $OUT> [more bench options]
-  python3 -m rope_bwd_triton bench --preset "$1" "${@:3}" --json "$OUT/$2.json" --markdown "$OUT/$2.md" --plot "$OUT/$2.png"
+  local name=$2${UNTUNED:+-untuned}
+  python3 -m rope_bwd_triton bench --preset "$1" "${@:3}" ${UNTUNED:+--untuned} --json "$OUT/$name.json" \
+    --markdown "$OUT/$name.md" --plot "$OUT/$name.png"
+}
+run_tests() {  # run_tests <log name under $OUT> [pytest options]
+  ROPE_EXPECT_CUDA=1 python3 -m pytest -q -rs -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT/$1" | tail -40
 }
 rc=0
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
-    tests)    ROPE_EXPECT_CUDA=1 python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
+    tests)    run_tests pytest.log ${PYTEST_ARGS:-} ;;
+    tests-shard) ROPE_SHARD=${SHARD:?SHARD=k/n} run_tests "pytest-shard-${SHARD/\//-of-}.log" -n "${XDIST:-14}" \
+                -m "not whole_gpu" ;;
+    tests-big) run_tests pytest-big.log -p no:xdist -m whole_gpu ;;
     bench)    run_bench suite bench ;;
     realcall) run_bench realcall realcall ${REALCALL_ARGS:-} ;;
     decoder)  run_bench decoder decoder ${DECODER_ARGS:-} ;;
+    decode)   run_bench decode decode ${DECODE_ARGS:-} ;;
     copybound) run_bench copybound copybound ;;
     ab)       run_bench suite ab-suite --set suite --peers "" --ab ${AB:-.ab/base} | tail -30 &&
               run_bench realcall ab-realcall --seq-lens 1024 4096 16384 --peers copy --ab ${AB:-.ab/base} ;;

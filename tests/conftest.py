@@ -37,6 +37,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "kernels_ci: fast subset that hub CI runs (`nix run .#ci-test`)")
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line(
+        "markers", "whole_gpu: needs most of an 80 GB GPU's memory: run alone (scripts/gpu.sh tests-big)"
+    )
+    config.addinivalue_line(
         "markers", "interpret(**params): the parametrizations collected under TRITON_INTERPRET=1 (tests/conftest.py)"
     )
     # torch.compile users would see it: dynamo traced through a cache of ours
@@ -75,11 +78,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
     if INTERPRET and os.environ.get("ROPE_INTERPRET_ALL") != "1":
         here = Path(__file__).parent
-        dropped = [item for item in items if item.path.parent == here and not _interpreted(item)]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            kept = set(map(id, dropped))
-            items[:] = [item for item in items if id(item) not in kept]
+        _deselect(config, items, [item for item in items if item.path.parent == here and not _interpreted(item)])
+    # ROPE_SHARD=k/n: the k-th of n shards, by a hash of each test's id (every xdist worker
+    # collects the same; scripts/gpu.sh runs the suite in shards that each fit a device call)
+    if os.environ.get("ROPE_SHARD"):
+        k, n = map(int, os.environ["ROPE_SHARD"].split("/"))
+        _deselect(config, items, [item for item in items if zlib.crc32(item.nodeid.encode()) % n != k - 1])
+
+
+def _deselect(config, items, dropped):
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        kept = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in kept]
 
 
 @pytest.fixture(autouse=True)

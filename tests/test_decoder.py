@@ -279,6 +279,7 @@ def test_deterministic_table_gradient_cuda(kernel, gen):
 
 
 @pytest.mark.gpu
+@pytest.mark.whole_gpu
 @pytest.mark.skipif(
     HAS_CUDA and torch.cuda.get_device_properties(0).total_memory < 60 * 2**30, reason="needs a GPU of 60 GiB"
 )
