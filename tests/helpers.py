@@ -51,3 +51,21 @@ def generated_code():
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         yield code
+
+
+INTERPRETER_LOOPS = "this Triton's interpreter cannot run loops under this NumPy"  # a skip reason
+
+
+def interpreter_runs_loops() -> bool:
+    """Triton 3.6's interpreter cannot run a loop with a runtime bound under NumPy >= 2.4
+    (it calls int() on a one-element array): seen with triton 3.6.0 and numpy 2.4.6 / 2.5.2,
+    fine with numpy 2.3.5 or triton 3.9.0. The compiled GPU path is not affected."""
+    import re
+
+    import numpy
+    import triton
+
+    def version(v):
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+
+    return version(triton.__version__) >= (3, 9) or version(numpy.__version__) < (2, 4)

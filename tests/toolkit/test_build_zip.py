@@ -62,7 +62,9 @@ def test_zip_variants_hold_metadata_symbols_and_the_archive(zip_build):
 def test_zip_variant_loads_and_reads_the_tuned_configs(zip_build, kernel, tmp_path):
     out, _ = zip_build
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(LOCAL_KERNELS=f"{repo_id()}={out}", PYTHONPATH=str(REPO_ROOT))
+    # the repository first, then what the environment adds (the GPU machine's carried packages)
+    path = [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env.update(LOCAL_KERNELS=f"{repo_id()}={out}", PYTHONPATH=os.pathsep.join(path))
     proc = subprocess.run(
         [sys.executable, "-c", _LOAD, repo_id()], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
     )

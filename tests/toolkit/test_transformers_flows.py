@@ -8,7 +8,7 @@ load tiny models with `from_pretrained` as users do, a decoder (Llama) and a vis
 count the package's calls at every forward: each rotary of the model runs the package's layer,
 and the results are eager transformers' (float32, within 1e-5). On CUDA, transformers' default
 mapping asks the Hub for kernels-community/rotary first: the Hub is unreachable here, as in CI
-(`hub_refused`).
+(`hub_offline`).
 """
 
 import copy
@@ -21,7 +21,6 @@ from kernels import Mode
 
 from rope_bwd_triton import models
 
-from .. import offline
 from ..helpers import DEVICES, REPO_ID
 from ..reference import rel_err
 
@@ -64,7 +63,7 @@ def saved(tmp_path):
 
 
 @pytest.fixture
-def load(saved, hub_refused):
+def load(saved, hub_offline):
     """from_pretrained of the saved model, as users load it (transformers' defaults unless told)."""
 
     def loaded(family, device="cpu", **kwargs):
@@ -75,15 +74,15 @@ def load(saved, hub_refused):
 
 
 @pytest.fixture
-def hub_refused():
-    """Connections refused during the test (transformers' default mapping asks the Hub for its CUDA
-    rotary) are the Hub being unreachable, as in CI: dropped from the record, after checking that
-    only the Hub was asked, so that the network check passes on them."""
-    before = len(offline.attempts)
-    yield
-    tried = offline.attempts[before:]
-    assert all("huggingface" in what or "hf.co" in what for what in tried), tried
-    del offline.attempts[before:]
+def hub_offline(monkeypatch):
+    """The Hub unreachable, as in CI (HF_HUB_OFFLINE=1): transformers' default mapping asks for its
+    CUDA kernels (kernels-community/rotary, ...), which kernels then looks for in its cache alone,
+    finds none of and falls back from. (Without offline mode a refused connection fails kernels'
+    check of the publisher, and from_pretrained with it.)"""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 def forward_counts(kernel, model, inputs, rotary_calls, *, backward):

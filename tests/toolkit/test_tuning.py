@@ -13,6 +13,7 @@ import torch
 from rope_bwd_triton import REPO_ROOT, tune
 from rope_bwd_triton.load import submodule
 
+from ..helpers import INTERPRETER_LOOPS, interpreter_runs_loops
 from ..test_tuning import _clear
 
 SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")
@@ -95,19 +96,6 @@ def test_tune_writes_into_its_tritons_table(tmp_path):
     assert tables["3.10"] == {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 4}, "c": {"BLOCK_S": 8}}
 
 
-def _interpreter_runs_loops() -> bool:
-    """Triton 3.6's interpreter cannot run a loop with a runtime bound under NumPy >= 2.4
-    (it calls int() on a one-element array): seen with triton 3.6.0 and numpy 2.4.6 / 2.5.2,
-    fine with numpy 2.3.5 or triton 3.9.0. The compiled GPU path is not affected."""
-    import numpy
-    import triton
-
-    def version(v):
-        return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
-
-    return version(triton.__version__) >= (3, 9) or version(numpy.__version__) < (2, 4)
-
-
 def _tune(tmp_path, *options, device="cpu"):
     """Run the tune command on one bucket (bwd fp32, head_dim 16, 2+2 heads, S=5) writing into
     tmp_path (as <device>.json: the file of a GPU named so); returns its Triton's table and the log."""
@@ -152,7 +140,7 @@ BUCKET = ("bwd", 5, 4, 16, 4)  # tuning.bucket() arguments of _tune's bucket
 GRID_16 = {(bs, 8, br, w) for bs in tune.BLOCK_S for br in (2, 4) for w in tune.NUM_WARPS}
 
 
-@pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
+@pytest.mark.skipif(not interpreter_runs_loops(), reason=INTERPRETER_LOOPS)
 @pytest.mark.parametrize("search", [[], ["--grid"]], ids=["coordinate", "grid"])
 def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path, search):
     """The whole tune path on the CPU, in Triton's interpreter (timings meaningless);
@@ -174,7 +162,7 @@ def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_
         _clear(t)
 
 
-@pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
+@pytest.mark.skipif(not interpreter_runs_loops(), reason=INTERPRETER_LOOPS)
 def test_tune_for_sdpa_gradient_layout_writes_entries_of_its_own(kernel, tmp_path):
     """--layout sdpa times the backward on upstream gradients laid out as sdpa returns them and
     writes the bucket's entry for that layout (test_layout_entries_take_precedence_and_fall_back:
@@ -195,7 +183,7 @@ def test_shared_search_writes_to_the_bucket_of_every_size(kernel):
     ]
 
 
-@pytest.mark.skipif(not _interpreter_runs_loops(), reason="this Triton's interpreter cannot run loops under this NumPy")
+@pytest.mark.skipif(not interpreter_runs_loops(), reason=INTERPRETER_LOOPS)
 def test_tune_shared_ranked_by_span_writes_where_it_says(kernel, tmp_path):
     """The command with --shared and the span timer's code path: its log names the keys written."""
     table, log = _tune(tmp_path, "--shared", "--timer", "span")
