@@ -113,7 +113,8 @@ def resolve(args):
     for name, owners in ONLY.items():
         if getattr(args, name) is not None and args.preset not in owners:
             flag = "--" + name.replace("_", "-")
-            raise cli.UsageError(f"{flag} is an option of --preset {' and '.join(owners)}, not of {args.preset}")
+            presets = " and ".join([", ".join(owners[:-1]), owners[-1]] if len(owners) > 1 else owners)
+            raise cli.UsageError(f"{flag} is an option of --preset {presets}, not of {args.preset}")
     wrong = sorted(set(args.peers or ()) - set(realcall.PEERS if args.preset in REAL_CALLS else measure.PEERS))
     if wrong:
         raise cli.UsageError(f"--peers: {','.join(wrong)} is not a peer of --preset {args.preset}")
