@@ -92,7 +92,7 @@ def _launch(tensors, adjoint, interleaved, config, heads_first=False, route=None
         route, ptrs = _route(tensors, adjoint, interleaved, config, heads_first)
     else:
         ptrs = [0 if t is None else t.data_ptr() for t in tensors]
-        if [p % 16 == 0 for p in ptrs] != route.aligned:  # the caller's tensors may be other views:
+        if tuple([p % 16 == 0 for p in ptrs]) != route.aligned:  # the caller's tensors may be other views:
             return None  # no lookup on them
     if route is not None:
         route.run(tensors, ptrs)
@@ -105,26 +105,36 @@ _ROUTES = {}  # a call's signature -> its _Route
 def _route(tensors, adjoint, interleaved, config, heads_first):
     """(the _Route of a call, None for no tokens; the tensors' addresses, 0 for None). Cached by the
     call's signature (shapes, strides, dtypes, 16-byte alignment: a raw key, cheap to build; its
-    plan is cached by what does not change with S, _key), unless the configuration is given (the
-    tuner's calls)."""
+    plan is cached by what does not change with S, _layout), unless the configuration is given (the
+    tuner's calls). A new signature (a new S) is read from that key's tuples, not the tensors:
+    its host time stays that of the lookup it replaces."""
     ptrs, sig = [], [adjoint, interleaved, heads_first, tensors[0].device]
     for t in tensors:  # one pass: host time
         p = 0 if t is None else t.data_ptr()
         ptrs.append(p)
-        sig.append(t if t is None else (t.shape, t.stride(), t.dtype, p % 16 == 0))
+        # plain tuples (a torch.Size stays tracked): the garbage collector drops a cached key, of
+        # ints alone, from its lists, and a new S's key does not bring on its full collections
+        sig.append(t if t is None else (tuple(t.shape), t.stride(), t.dtype, p % 16 == 0))
     sig = tuple(sig)
     route = _ROUTES.get(sig) if config is None else None
     if route is not None:
         return route, ptrs
-    if heads_first:
-        tensors = _heads_last(tensors)
-    B, S, sizes = _sizes(tensors)
+    metas = sig[4:]
+    if heads_first:  # [B, H, S, D] read as the kernel's [B, S, H, D]
+        metas = [m if m is None or i >= 6 else (*((x[0], x[2], x[1], x[3]) for x in m[:2]), *m[2:])
+                 for i, m in enumerate(metas)]  # fmt: skip
+    (shape_q, strides_q, dtype_q, _), shape_k, table = metas[0], metas[1][0], metas[6][0]
+    B, S = (shape_q[0], shape_q[1]) if len(shape_q) == 4 else (1, shape_q[0])
     if S == 0 or B == 0:
         return None, ptrs
-    chosen = config or _config(tensors, adjoint, sizes, B * S)
-    plan = _plan(*sizes, adjoint, interleaved, _key(tensors, S), tuple(chosen.items()), tensors[0].device.index)
+    sizes = (shape_q[-2], shape_k[-2], shape_q[-1], table[-1])
+    chosen = config
+    if chosen is None:
+        outside = adjoint and _outside(S, sizes[0], strides_q[-3], strides_q[-2])
+        chosen = _config(adjoint, metas[8] is not None, sizes, B * S, dtype_q, tensors[0].device, outside)
+    plan = _plan(*sizes, adjoint, interleaved, _layout(metas, S), tuple(chosen.items()), tensors[0].device.index)
     grid = (B * -(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
-    route = _Route(plan, grid, S, [p % 16 == 0 for p in ptrs])
+    route = _Route(plan, grid, S, tuple([p % 16 == 0 for p in ptrs]))
     if config is None:
         if len(_ROUTES) >= 1024:  # bounded: a new size costs one full lookup, not memory
             _ROUTES.clear()
@@ -145,14 +155,14 @@ def _sizes(tensors):
     return B, S, (int(x_q.shape[-2]), int(x_k.shape[-2]), int(x_q.shape[-1]), int(tensors[6].shape[-1]))
 
 
-def _config(tensors, adjoint, sizes, tokens):
+def _config(adjoint, grad_table, sizes, tokens, dtype, device, heads_outside):
     """tuning.get_config's configuration of a call; sizes: (HQ, HK, D, R); tokens: the batch's
-    tokens, what sets the number of programs (a hint where they are symbolic)."""
-    x_q = tensors[0]
+    tokens, what sets the number of programs (a hint where they are symbolic); heads_outside:
+    the upstream gradient's heads lie outside its tokens (_outside: sdpa's layout)."""
     HQ, HK, _, R = sizes
-    mode = "fwd" if not adjoint else ("bwd" if tensors[8] is not None else "bwd_qk")
-    layout = "sdpa" if adjoint and _heads_outside(x_q) else ""
-    return tuning.get_config(mode, tokens, HQ, HK, R, x_q.element_size(), x_q.device, layout)
+    mode = "fwd" if not adjoint else ("bwd" if grad_table else "bwd_qk")
+    layout = "sdpa" if adjoint and heads_outside else ""
+    return tuning.get_config(mode, tokens, HQ, HK, R, dtype.itemsize, device, layout)
 
 
 class _Route:
@@ -202,7 +212,11 @@ def _size_hint(n) -> int:
 def _heads_outside(x) -> bool:
     """Whether x [(B,) S, H, D] has its heads laid out outside its tokens, as sdpa's gradient:
     the backward has configurations of its own there. Read from size hints: no guard."""
-    S, H, st_s, st_h = (_size_hint(n) for n in (*x.shape[-3:-1], *x.stride()[-3:-1]))
+    return _outside(*(_size_hint(n) for n in (*x.shape[-3:-1], *x.stride()[-3:-1])))
+
+
+def _outside(S, H, st_s, st_h) -> bool:
+    """_heads_outside of x's token count, head count, token stride and head stride."""
     return S > 1 and H > 1 and st_h >= S * st_s > 0
 
 
@@ -210,10 +224,13 @@ def role_strides(t, heads: bool) -> tuple:
     """t's strides by role, the tokens' first: (seq, batch, head, dim) of q-like tensors
     ([S, H, D] or [B, S, H, D]), (seq, batch, dim) of tables ([S, R] or [B, S, R]). The batch
     stride is 0 where there is one sequence or one table for all (a batch of size 1)."""
+    return _roles(t.shape, tuple(t.stride()), heads)
+
+
+def _roles(shape, st, heads: bool) -> tuple:
+    """role_strides of a tensor's shape and strides."""
     n = 3 if heads else 2
-    st = tuple(t.stride())
-    batch = st[0] if t.dim() > n and t.shape[0] != 1 else 0
-    return (st[-n], batch, *st[-n + 1 :])
+    return (st[-n], st[0] if len(shape) > n and shape[0] != 1 else 0, *st[-n + 1 :])
 
 
 def encode_strides(strides, S):
@@ -257,15 +274,21 @@ def _as_int(n):
 
 
 def _key(tensors, S):
-    """The tensors' layout: per tensor None or (encoded strides by role, dtype, 16-byte alignment).
-    encode_strides only for strides that reach past the tokens."""
+    """The tensors' layout (_layout): what keys a plan, with the sizes and the configuration."""
+    return _layout([t if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors], S)
+
+
+def _layout(metas, S):
+    """Per tensor None or (encoded strides by role, dtype, 16-byte alignment), of its (shape,
+    strides, dtype, alignment) in the kernel's order. encode_strides only for strides that reach
+    past the tokens."""
     layout = []
-    for i, t in enumerate(tensors):
-        if t is None:
+    for i, m in enumerate(metas):
+        if m is None:
             layout.append(None)
         else:
-            st = role_strides(t, i < 6)
-            layout.append((st if max(st) < S * st[0] else encode_strides(st, S), t.dtype, t.data_ptr() % 16 == 0))
+            st = _roles(m[0], m[1], i < 6)
+            layout.append((st if max(st) < S * st[0] else encode_strides(st, S), m[2], m[3]))
     return tuple(layout)
 
 
@@ -356,7 +379,11 @@ def _launch_traced(tensors, adjoint, interleaved, config):
     B, S, sizes = _sizes(tensors)
     if S == 0 or B == 0:
         return
-    config = config or _config(tensors, adjoint, sizes, _size_hint(B) * _size_hint(S))
+    x_q = tensors[0]
+    if config is None:
+        outside = adjoint and _heads_outside(x_q)
+        config = _config(adjoint, tensors[8] is not None, sizes, _size_hint(B) * _size_hint(S), x_q.dtype, x_q.device,
+                         outside)  # fmt: skip
 
     def encoded(i, t):
         return _encode_traced(role_strides(t, i < 6), S)
