@@ -5,6 +5,8 @@ batch, [1, S, R]. Judged against a float64 evaluation of Llama's body (partial r
 R channels rotated, the rest passed through), on the PyTorch path, in Triton's interpreter and
 on CUDA; the kernel's batched launches with poisoned outputs."""
 
+import gc
+
 import pytest
 import torch
 
@@ -199,6 +201,24 @@ def test_calls_after_a_remembered_one(kernel, device, gen, monkeypatch, launches
     q, k, cos, sin = make()
     with pytest.raises(ValueError, match="k must have q's batch size B = 2"), torch.no_grad():
         kernel.apply_rotary_pos_emb(q, k[:1], cos, sin)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("device", DEVICES)
+def test_remembered_calls_leave_nothing_for_the_collector(kernel, device, gen):
+    """Training on varying sizes meets a new S at nearly every step: the signatures rotary_call
+    remembers (ops._SEEN) hold nothing the garbage collector keeps tracking, and a call with no
+    launch to repeat (grad mode) shares one entry, so new sizes bring on no full collections."""
+    ops = kernel.ops
+    for S in (3, 4, 6, 7):
+        q, k, cos, sin = make_call(2, S, 4, 2, 64, 64, dtype=torch.bfloat16, device=device, gen=gen)
+        q_embed, _ = kernel.apply_rotary_pos_emb(q, k, cos, sin)  # grad mode: q and k require grad
+        q_embed.sum().backward()
+    for _ in range(3):  # a tuple is let go a collection after its items: three levels of them
+        gc.collect()
+    assert ops._SEEN and not [key for key in ops._SEEN if gc.is_tracked(key)]
+    shared = [entry for entry in ops._SEEN.values() if entry.route is None]
+    assert shared and all(entry is ops._CHECKED for entry in shared)
 
 
 @pytest.mark.parametrize(

@@ -398,7 +398,8 @@ def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis
     if key is not None and (seen is None or route is not None and seen.route is None):
         if len(_SEEN) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _SEEN.clear()
-        _SEEN[key] = _Relaunch(route, interleaved, q_embed, None if single else k_embed)
+        # a call with no launch to repeat (grad mode, say) shares one entry: nothing new per S
+        _SEEN[key] = _CHECKED if route is None else _Relaunch(route, interleaved, q_embed, None if single else k_embed)
     return q_embed if single else (q_embed, k_embed)
 
 
@@ -411,14 +412,17 @@ _SEEN = {}  # _signature of the rotary_calls that passed the checks -> their _Re
 
 
 def _signature(fn, pairs, dtypes, heads_axis, *tensors):
-    """What rotary_call's checks and launch read of a call: its options and each tensor's type,
-    shape, strides, dtype and device. None where it cannot key _SEEN: while tracing (symbolic
-    sizes), or for an argument that is neither a tensor nor None."""
+    """What rotary_call's checks and launch read of a call: its options and each tensor's kind
+    (a plain Tensor or not), shape, strides, dtype and device. None where it cannot key _SEEN: while
+    tracing (symbolic sizes), or for an argument that is neither a tensor nor None. Plain tuples and
+    flags, no torch.Size or type: the garbage collector stops tracking such a key, so that a new S
+    at every step adds nothing for its full collections to walk."""
     if torch.compiler.is_compiling():
         return None
     try:
         return (fn, pairs, dtypes, heads_axis,
-                *[t if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors])  # fmt: skip
+                *[t if t is None else (type(t) is Tensor, tuple(t.shape), t.stride(), t.dtype, t.device)
+                  for t in tensors])  # fmt: skip
     except (AttributeError, TypeError):
         return None
 
@@ -432,7 +436,7 @@ class _Relaunch:
 
     def __init__(self, route, interleaved, *outs):
         self.route, self.interleaved = route, interleaved
-        self.outs = [o if o is None else (o.shape, o.stride(), o.dtype, o.device) for o in outs]
+        self.outs = [o if o is None else (tuple(o.shape), o.stride(), o.dtype, o.device) for o in outs]
 
     def __call__(self, q, k, cos, sin):
         """(q_embed, k_embed), q_embed alone for a function of one tensor (k None); None where an
@@ -446,6 +450,9 @@ class _Relaunch:
         if launched is None:
             return None
         return q_embed if k is None else (q_embed, k_embed)
+
+
+_CHECKED = _Relaunch(None, False, None, None)  # the _SEEN entry of a call whose checks passed, no launch kept
 
 
 def heads_axis(fn: str, unsqueeze_dim) -> int:
