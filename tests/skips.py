@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from .helpers import HAS_CUDA, INTERPRET, INTERPRETER_LOOPS, interpreter_runs_loops
+from .helpers import HAS_CUDA, INTERPRET
 
 # A GPU runner sets ROPE_EXPECT_CUDA=1: where torch sees no GPU there, the GPU tests must fail,
 # not skip as on a CPU machine.
@@ -25,8 +25,6 @@ ALLOWED = {
     "needs 2 CUDA GPUs": lambda: torch.cuda.device_count() < 2,
     "runs only under TRITON_INTERPRET=1": lambda: not INTERPRET,
     "runs only without TRITON_INTERPRET=1": lambda: INTERPRET,
-    # Triton 3.6 with NumPy >= 2.4 (the GPU machine's image): the tuner's CPU case cannot run there
-    INTERPRETER_LOOPS: lambda: not interpreter_runs_loops(),
 }
 # a transformers vision family the installed transformers does not have (the test looked)
 FAMILY_ABSENT = re.compile(r"transformers \S+ has no \w+ \(or it defines no vision rotary\)$")
