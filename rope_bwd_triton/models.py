@@ -197,6 +197,12 @@ DECODERS = {
         "Phi3ForCausalLM",
         dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5), pad_token_id=0),
     ),
+    # GPT-OSS's rotary takes a table of one value per pair, under Llama's hook name
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=4, layer_types=["sliding_attention"] * 2),
+    ),
 }
 # Token ids of the multimodal models, inside their tiny vocabulary.
 IMAGE_TOKEN, VISION_START, VISION_END = 90, 91, 92
@@ -368,3 +374,11 @@ def whole_step(model, inputs):
         outputs.append(hidden)
         loss = loss + hidden.float().square().mean()
     return outputs, loss
+
+
+def make_dinov3(*, dtype=torch.float32, device="cpu", seed=0):
+    """A random-init DINOv3 ViT with QUICK_DECODER's heads, 2 layers and 2 register tokens (its
+    rotary passes the class and register tokens through), on 32x32 images of 8x8 patches."""
+    cfg = _configuration("dinov3_vit", "DINOv3ViTConfig", **QUICK_DECODER, num_hidden_layers=2, image_size=32,
+                         patch_size=8, num_register_tokens=2)  # fmt: skip
+    return _built(modeling_module("dinov3_vit").DINOv3ViTModel, cfg, dtype, device, seed)

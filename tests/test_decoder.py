@@ -389,37 +389,52 @@ def test_one_compile_key_for_every_batch_and_length(kernel):
 def family_rotary(variant, q, k, cos, sin, unsqueeze_dim=1):
     """A decoder family's rotary in `variant`, written as transformers' families write it, in the
     inputs' dtypes: rotate_half, rotate_pairwise, or pairwise from a table repeated per pair
-    (GLM); the first cos.shape[-1] channels rotated; outputs as the variant's dtype rule says."""
+    (GLM); a table of one value per pair (GPT-OSS: for both halves; DeepSeek-V4: repeated); the
+    first cos.shape[-1] channels rotated, or the last (DeepSeek-V4); outputs as the variant's dtype
+    rule says."""
     if variant.pairs == "repeated":
         cos, sin = (t[..., : t.shape[-1] // 2].repeat_interleave(2, dim=-1) for t in (cos, sin))
+    if variant.table == "pair" and variant.pairs == "halves":
+        cos, sin = (torch.cat((t, t), dim=-1) for t in (cos, sin))
+    elif variant.table == "pair":
+        cos, sin = (t.repeat_interleave(2, dim=-1) for t in (cos, sin))
     R = cos.shape[-1]
     c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     turn = reference.rotate_half if variant.pairs == "halves" else reference.rotate_pairwise
+    last = variant.rotated == "last"
 
     def apply(x):
-        x_rot, x_pass = x[..., :R], x[..., R:]
-        y = torch.cat((x_rot * c + turn(x_rot) * s, x_pass.to(torch.promote_types(x.dtype, c.dtype))), dim=-1)
+        x_rot, x_pass = (x[..., -R:], x[..., :-R]) if last else (x[..., :R], x[..., R:])
+        parts = (x_rot * c + turn(x_rot) * s, x_pass.to(torch.promote_types(x.dtype, c.dtype)))
+        y = torch.cat(parts[::-1] if last else parts, dim=-1)
         return y.to({"kept": x.dtype, "q": q.dtype}[variant.dtypes]) if variant.dtypes != "promoted" else y
 
     return apply(q), (None if k is None else apply(k))
 
 
 DECODER_VARIANTS = [
-    (form, pairs, dtypes)
-    for form in ("decoder", "single")
-    for pairs in ("halves", "interleaved", "repeated")
-    for dtypes in ("kept", "promoted", "q")
-    if not (form == "single" and dtypes == "q")
+    *(
+        (form, pairs, dtypes, "channel", "first")
+        for form in ("decoder", "single")
+        for pairs in ("halves", "interleaved", "repeated")
+        for dtypes in ("kept", "promoted", "q")
+        if not (form == "single" and dtypes == "q")
+    ),
+    ("decoder", "halves", "promoted", "pair", "first"),  # GPT-OSS
+    ("decoder", "interleaved", "promoted", "pair", "first"),  # OpenAI's privacy filter
+    ("single", "interleaved", "kept", "pair", "last"),  # DeepSeek-V4
 ]
 
 
 @pytest.mark.interpret(
     device="cpu",
     variant=[
-        ("decoder", "repeated", "promoted"),
-        ("single", "halves", "promoted"),
-        ("decoder", "interleaved", "q"),
-        ("decoder", "halves", "kept"),
+        ("decoder", "repeated", "promoted", "channel", "first"),
+        ("single", "halves", "promoted", "channel", "first"),
+        ("decoder", "interleaved", "q", "channel", "first"),
+        ("decoder", "halves", "kept", "channel", "first"),
+        ("decoder", "halves", "promoted", "pair", "first"),
+        ("single", "interleaved", "kept", "pair", "last"),
     ],
 )
 @pytest.mark.parametrize("device", DEVICES)
@@ -428,11 +443,12 @@ def test_decoder_layers(kernel, device, variant, gen):
     """Each decoder layer on its family's call: values, dtypes (bf16 q, float32 k and tables, on
     which the dtype rules differ) and gradients against the family's own function in float64
     (values) and in the inputs' dtypes (the dtypes), a partial table, unsqueeze_dim 1 and 2."""
-    assert sorted(v for v in kernel.layers.VARIANTS if v.form != "vision") == sorted(DECODER_VARIANTS)
+    assert sorted(v for v in kernel.layers.VARIANTS if v.form in ("decoder", "single")) == sorted(DECODER_VARIANTS)
     variant = next(v for v in kernel.layers.VARIANTS if tuple(v) == variant)
     layer = variant.layer_name
     module = getattr(kernel.layers, layer)()
     for unsqueeze_dim, R in ((1, 64), (2, 48)):
+        R //= 2 if variant.table == "pair" else 1  # the table's width
         q, k, cos, sin = make_call(2, 7, 4, 2, 64, R, dtype=torch.float32, device=device, gen=gen, table_grad=True,
                                    unsqueeze_dim=unsqueeze_dim)  # fmt: skip
         q = q.detach().bfloat16().requires_grad_()
@@ -454,3 +470,36 @@ def test_decoder_layers(kernel, device, variant, gen):
         ref_grads = torch.autograd.grad(ref, leaves, [c.double() for c in cot])
         for g, r, a in zip(grads, ref_grads, args):
             assert g.dtype == a.dtype and reference.rel_err(g, r) <= 8e-3, (layer, unsqueeze_dim)
+
+
+@pytest.mark.interpret(device="cpu", dtype=torch.bfloat16)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefix_layer(kernel, device, dtype, gen):
+    """DINOv3's call: q, k [B, H, N, D] views of one projection, cos/sin [P, D] for the last P
+    tokens (the class and register tokens before them pass through): values, dtypes and every
+    gradient against the family's function in float64, with P = N, N - 5 and 0."""
+    variant = next(v for v in kernel.layers.VARIANTS if v.form == "prefix")
+    module = getattr(kernel.layers, variant.layer_name)()
+    B, N, H, D = 2, 9, 4, 64
+    for P in (N, N - 5, 0):
+        proj = torch.randn(B, N, 2 * H * D, generator=gen).to(device=device, dtype=dtype)
+        q, k = (x.unflatten(-1, (H, D)).transpose(1, 2).detach().requires_grad_() for x in proj.chunk(2, -1))
+        angles = torch.randn(P, D, generator=gen, dtype=torch.float64)
+        cos, sin = (f(angles).to(device=device, dtype=dtype).requires_grad_() for f in (torch.cos, torch.sin))
+        outs = module(q, k, cos, sin)
+        assert [(o.shape, o.dtype) for o in outs] == [(x.shape, x.dtype) for x in (q, k)]
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, cos, sin)]
+
+        def own(x, c, s):  # transformers' DINOv3 function
+            pre, patches = x.split((N - P, P), dim=-2)
+            return torch.cat((pre, patches * c + reference.rotate_half(patches) * s), dim=-2)
+
+        ref = [own(x, *leaves[2:]) for x in leaves[:2]]
+        for o, r in zip(outs, ref):
+            assert reference.rel_err(o, r) <= tolerance(dtype)
+        cot = [torch.randn(o.shape, generator=gen).to(o) for o in outs]
+        grads = torch.autograd.grad(outs, (q, k, cos, sin), cot)
+        ref_grads = torch.autograd.grad(ref, leaves, [c.double() for c in cot])
+        for g, r in zip(grads, ref_grads):
+            assert reference.rel_err(g, r) <= tolerance(dtype)

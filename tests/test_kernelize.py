@@ -80,7 +80,7 @@ def test_mapping_covers_devices_and_modes(kernel):
     """Every layer name and transformers' hook "rotary_pos_emb", every mode on CUDA and CPU;
     a repo-id LOCAL_KERNELS does not name resolves by version."""
     names = kernel.integrations.LAYER_NAMES
-    assert names[0] == "ApplyRotaryPosEmbVision" and len(set(names)) == len(kernel.layers.VARIANTS) == 24
+    assert names[0] == "ApplyRotaryPosEmbVision" and len(set(names)) == len(kernel.layers.VARIANTS) == 28
     assert all(isinstance(getattr(kernel.layers, name), type) for name in names)
     for repo_id, version in ((REPO_ID, 1), ("org/name", 3)):
         mapping = kernel.integrations.kernel_mapping(repo_id, version=version)

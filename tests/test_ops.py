@@ -9,6 +9,7 @@ Triton kernel. Outputs are poisoned with NaN before every kernel writes them, so
 unwritten element fails the comparison.
 """
 
+import functools
 import math
 
 import pytest
@@ -254,7 +255,7 @@ def launch_and_check(launch, mode, cfg, shape, dtype, device, gen, offset=0, S=1
     ref_outs, ref_grads = reference.reference_rotary_grads(gq, gk, q, k, *table.values(), interleaved=interleaved)
     if not adjoint:
         outs = {"q_out": poisoned(q), "k_out": poisoned(k)}
-        launch.launch_fwd(q=q, k=k, **outs, **table, interleaved=interleaved, config=cfg)
+        launch.launch_fwd(q=q, k=k, **outs, **table, pairs=interleaved, config=cfg)
         refs = dict(zip(outs, ref_outs))
     else:
         outs = {}
@@ -265,7 +266,7 @@ def launch_and_check(launch, mode, cfg, shape, dtype, device, gen, offset=0, S=1
         if grad_table:
             outs.update({f"grad_{n}": poisoned(t) for n, t in table.items()})
         read = {"q": q, "k": k} if grad_table else {}  # q and k are read only for the table's gradient
-        launch.launch_bwd(grad_q_embed=gq, grad_k_embed=gk, **read, **outs, **table, interleaved=interleaved,
+        launch.launch_bwd(grad_q_embed=gq, grad_k_embed=gk, **read, **outs, **table, pairs=interleaved,
                           config=cfg)  # fmt: skip
         refs = dict(zip(["grad_q", "grad_k", *(f"grad_{n}" for n in table)], ref_grads))
     for name, o in outs.items():
@@ -442,9 +443,9 @@ def test_eager_path_matches_the_op(kernel, device, interleaved, gen):
     cos, sin = (torch.randn(S, R, generator=gen).to(device) for _ in range(2))
     gq, gk = (torch.randn(S, H, D, generator=gen).to(device) for _ in range(2))
     results = []
-    for fn in (kernel.apply_rotary_pos_emb_vision, kernel.ops.rotary_fwd):
+    for fn in (functools.partial(kernel.apply_rotary_pos_emb_vision, interleaved=interleaved), kernel.ops.rotary_fwd):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, cos, sin)]
-        outs = fn(*leaves, interleaved=interleaved)
+        outs = fn(*leaves) if fn is not kernel.ops.rotary_fwd else fn(*leaves, pairs=interleaved)
         results.append((type(outs[0].grad_fn).__name__, outs, leaves))
         torch.autograd.backward(outs, (gq, gk))
     (eager_node, eager_outs, eager_leaves), (op_node, op_outs, op_leaves) = results

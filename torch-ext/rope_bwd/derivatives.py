@@ -169,11 +169,11 @@ def transforms_active() -> bool:
     return torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
 
 
-def _maps(interleaved):
+def _maps(pairs):
     """F and B of the module docstring, differentiable."""
     return (
-        lambda *args: ops.rotary(*args, interleaved),
-        lambda *args: ops.rotary_grad(*args, interleaved),
+        lambda *args: ops.rotary(*args, pairs),
+        lambda *args: ops.rotary_grad(*args, pairs),
     )
 
 
@@ -182,8 +182,8 @@ class RotaryFn(torch.autograd.Function):
     jvp and vmap rules (eager calls take ops.EagerRotary, whose context costs less host time)."""
 
     @staticmethod
-    def forward(q, k, table, sin, interleaved):
-        return ops.forward_impl(q, k, table, sin, interleaved)
+    def forward(q, k, table, sin, pairs):
+        return ops.forward_impl(q, k, table, sin, pairs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -197,22 +197,22 @@ class RotaryFn(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tq, tk, t_table, t_sin, t_interleaved):
-        F, _ = _maps(ctx.interleaved)
+        F, _ = _maps(ctx.pairs)
         return rotation_jvp(F, *ctx.saved_tensors, tq, tk, t_table, t_sin)
 
     @staticmethod
-    def vmap(info, in_dims, q, k, table, sin, interleaved):
-        F, _ = _maps(interleaved)
+    def vmap(info, in_dims, q, k, table, sin, pairs):
+        F, _ = _maps(pairs)
         return vmap_folded(F, info.batch_size, in_dims[:4], (q, k, table, sin))
 
 
 def grad_setup_context(ctx, inputs, output):
-    *saved, ctx.need_q, ctx.need_k, ctx.interleaved = inputs
+    *saved, ctx.need_q, ctx.need_k, ctx.pairs = inputs
     ctx.save_for_backward(*saved)
 
 
 def grad_backward(ctx, vq, vk, v_table, v_sin):
-    F, B = _maps(ctx.interleaved)
+    F, B = _maps(ctx.pairs)
     needs = ctx.needs_input_grad[:6]
     grads = adjoint_vjp(F, B, ctx.saved_tensors, ctx.need_q, ctx.need_k, needs, (vq, vk, v_table, v_sin))
     return (*grads, None, None, None)
@@ -223,8 +223,8 @@ class RotaryGrad(torch.autograd.Function):
     backward, jvp and vmap."""
 
     @staticmethod
-    def forward(gq, gk, q, k, table, sin, need_q, need_k, interleaved):
-        return ops.backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
+    def forward(gq, gk, q, k, table, sin, need_q, need_k, pairs):
+        return ops.backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -235,10 +235,10 @@ class RotaryGrad(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, *tangents):
-        _, B = _maps(ctx.interleaved)
+        _, B = _maps(ctx.pairs)
         return adjoint_jvp(B, ctx.saved_tensors, ctx.need_q, ctx.need_k, tangents[:6])
 
     @staticmethod
-    def vmap(info, in_dims, gq, gk, q, k, table, sin, need_q, need_k, interleaved):
-        _, B = _maps(interleaved)
+    def vmap(info, in_dims, gq, gk, q, k, table, sin, need_q, need_k, pairs):
+        _, B = _maps(pairs)
         return vmap_folded(B, info.batch_size, in_dims[:6], (gq, gk, q, k, table, sin), need_q, need_k)

@@ -23,8 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from . import rotary_torch
-from .layers import PARAMS, VARIANTS, Variant
+from . import layers
+from .variants import VARIANTS, Variant, classify
 
 REPO_ID = "rope-bwd/rope-bwd"
 HOOK = "rotary_pos_emb"  # transformers' own layer name for the decoders' Llama-like rotary
@@ -33,10 +33,6 @@ LAYER_NAMES = tuple(v.layer_name for v in VARIANTS)
 LAYER_NAME = VARIANTS[0].layer_name  # the vision variant of most families (halves, dtypes kept)
 HOOK_VARIANT = Variant("decoder", "halves", "promoted")  # Llama's body: what transformers' hook name stands for
 MAPPED = {name: name for name in LAYER_NAMES} | {HOOK: HOOK_VARIANT.layer_name}  # layer name -> the package's layer
-_VARIANTS_TEXT = (
-    "rotate_half, rotate_pairwise or pairs of a repeated table over the first cos.shape[-1] channels, the rest "
-    "passed through; each output in its input's dtype, in its promotion with cos and sin, or in q's"
-)
 
 
 class _Patch(NamedTuple):
@@ -136,163 +132,6 @@ def families_in(*models) -> list:
     return list(found)
 
 
-# ------------------------------------------------------------------ classification
-
-# The probes: S tokens, HQ/HK heads of D channels; R rotated in the partial case, R/2 odd (as
-# MiniMax-M3's 78 of 80) so that no halves/pairs layout coincides with another. float64 probes
-# tell the rotation by values and gradients; the mixed dtypes, on which the two dtype rules
-# disagree, tell the rule.
-_S, _HQ, _HK, _D, _R = 5, 2, 3, 16, 10
-_DTYPES = (  # (q, k, cos and sin)
-    (torch.float64,) * 3,
-    (torch.bfloat16, torch.float32, torch.float32),
-    (torch.float32, torch.bfloat16, torch.bfloat16),
-    (torch.bfloat16,) * 3,
-)
-_DECODER_PROBES = (  # q/k passed as [B, H, S, D], the tables [B, S, R] or shared [1, S, R]
-    *(((2, _S), (2,), _D, d) for d in _DTYPES),
-    ((2, _S), (1,), _D, _DTYPES[0]),
-    ((2, _S), (2,), _R, _DTYPES[0]),
-)
-_PROBES = {  # form -> (leading dims of q and k as [..., S, H, D], of the tables, table width, dtypes)
-    "vision": (
-        *(((_S,), (), _D, d) for d in _DTYPES),
-        *(((2, _S), (), _D, d) for d in _DTYPES),
-        ((_S,), (), _R, _DTYPES[0]),
-    ),
-    "decoder": _DECODER_PROBES,
-    "single": _DECODER_PROBES,  # called for q alone
-}
-_TOL_FLOAT64 = 1e-4  # most families compute in float32 even on float64 inputs
-_TOL_BF16 = 3e-2  # a few bf16 roundings (2^-9 each) of the largest value
-
-
-def _probe_inputs(gen, lead, table_lead, rot, dtypes):
-    def rnd(*shape, dtype):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64, device="cpu").to(dtype)
-
-    q, k = rnd(*lead, _HQ, _D, dtype=dtypes[0]), rnd(*lead, _HK, _D, dtype=dtypes[1])
-    return q, k, rnd(*table_lead, _S, rot, dtype=dtypes[2]), rnd(*table_lead, _S, rot, dtype=dtypes[2])
-
-
-def _heads_first(form, x):
-    """q or k as a function of `form` takes it, from [..., S, H, D], and back."""
-    return x if form == "vision" else x.transpose(-3, -2)
-
-
-def _max_err(outs, refs) -> float:
-    """Largest |out - ref| over the outputs, relative to their largest |ref|; a missing
-    output (an unused gradient) counts as zeros."""
-    err = max((r.double() if o is None else o.double() - r.double()).abs().max().item() for o, r in zip(outs, refs))
-    return err / max(max(r.abs().max().item() for r in refs), 1e-30)
-
-
-def _call(fn, form, args):
-    """fn's outputs as [..., S, H, D] (q's alone for a function of one tensor), None when it
-    raises (a call its model never makes), or a ValueError's text when they are not tensors
-    shaped like q and k."""
-    q, k, cos, sin = args
-    q, k = _heads_first(form, q), _heads_first(form, k)
-    want = [q] if form == "single" else [q, k]
-    try:
-        outs = fn(q, cos, sin) if form == "single" else fn(q, k, cos, sin)
-    except Exception:
-        return None
-    outs = [outs] if form == "single" and isinstance(outs, torch.Tensor) else outs
-    tensors = isinstance(outs, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in outs)
-    if not (tensors and len(outs) == len(want)):
-        return f"returned {type(outs).__name__}, not {'x_embed' if form == 'single' else '(q_embed, k_embed)'}"
-    if [tuple(o.shape) for o in outs] != [tuple(x.shape) for x in want]:
-        return f"returned shapes {[tuple(o.shape) for o in outs]}, not those of its inputs"
-    return [_heads_first(form, o) for o in outs]
-
-
-def _mismatch(variant, args, outs, cot, grads) -> str:
-    """How `outs` (and, on float64 probes, the gradients `grads` of cotangents `cot`) differ
-    from the variant's on `args`; "" when they do not. The variant's values come from the
-    package's math (rotary_torch) in float64 on the rounded inputs."""
-    q, k, cos, _ = args
-    rule = {
-        "kept": lambda x: x.dtype,
-        "promoted": lambda x: torch.promote_types(x.dtype, cos.dtype),
-        "q": lambda x: q.dtype,
-    }[variant.dtypes]
-    want = tuple(rule(x) for x in (q, k))[: len(outs)]
-    got = tuple(o.dtype for o in outs)
-    if got != want:
-        return f"outputs in {', '.join(map(str, got))}, not {', '.join(map(str, want))}"
-    exact = q.dtype == torch.float64
-    ref_args = [a.detach().double().requires_grad_(exact) for a in args]
-    tables = ref_args[2:]
-    if variant.pairs == "repeated":
-        tables = [rotary_torch.repeat_pairs(t) for t in tables]
-    refs = rotary_torch.forward(*ref_args[:2], *tables, interleaved=variant.pairs != "halves")[: len(outs)]
-    errs = [_max_err(outs, refs)]
-    if exact:
-        ref_grads = torch.autograd.grad(refs, ref_args, cot, allow_unused=True)
-        errs += [_max_err([g], [r]) for g, r in zip(grads, ref_grads) if r is not None]
-    err = max(errs)
-    return "" if err <= (_TOL_FLOAT64 if exact else _TOL_BF16) else f"relative error {err:.2g} in values or gradients"
-
-
-def _params(function):
-    """The parameter names of a function, or of a kernels layer's forward; None if unknown."""
-    try:
-        return tuple(inspect.signature(function.forward if isinstance(function, nn.Module) else function).parameters)
-    except (TypeError, ValueError):
-        return None
-
-
-def classify(function, name: str = None) -> Variant:
-    """The variant (layers.VARIANTS) that `function`, a transformers rotary function of one of
-    the forms (told by its parameters), computes, from small random probes against the
-    package's math: every probe it does not raise on must match the variant, values, gradients
-    of q, k, cos and sin (float64) and output dtypes, and it must run at least one full-rotary
-    probe. The first variant that matches, so dtypes kept where no probe tells the rule. A
-    ValueError saying what differed when none does; `name` names the function there."""
-    if function in _CLASSIFIED:
-        return _CLASSIFIED[function]
-    name = name or getattr(function, "__qualname__", repr(function))
-    prefix = f"{name} matches none of the supported rotary variants ({_VARIANTS_TEXT})"
-    params = _params(function)
-    form = next((f for f, p in PARAMS.items() if p == params), None)
-    if form is None:
-        raise ValueError(f"{prefix}: it takes {params}, not {' or '.join(map(str, dict.fromkeys(PARAMS.values())))}")
-    gen = torch.Generator().manual_seed(0)
-    why = {v: "" for v in VARIANTS if v.form == form}  # variant -> the first probe it failed, and how
-    ran_full = False
-    for lead, table_lead, rot, dtypes in _PROBES[form]:
-        args = _probe_inputs(gen, lead, table_lead, rot, dtypes)
-        x_shape = list(_heads_first(form, args[0]).shape)
-        what = f"q {x_shape} {dtypes[0]}, k {dtypes[1]}, cos/sin {list(args[2].shape)} {dtypes[2]}"
-        exact = dtypes[0] == torch.float64
-        outs = _call(function, form, [a.requires_grad_(exact) for a in args])
-        if isinstance(outs, str) or (exact and outs is not None and not all(o.requires_grad for o in outs)):
-            raise ValueError(f"{prefix}: {what}: {outs or 'its outputs carry no gradient'}")
-        if outs is None:
-            continue
-        ran_full |= rot == _D
-        cot = grads = None
-        if exact:
-            cot = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
-            grads = torch.autograd.grad(outs, args, cot, allow_unused=True)
-        for variant in [v for v, w in why.items() if not w]:
-            mismatch = _mismatch(variant, args, outs, cot, grads)
-            why[variant] = mismatch and f"{what}: {mismatch}"
-    if not ran_full:
-        raise ValueError(f"{prefix}: it raised on every probe that rotates all of head_dim")
-    variant = next((v for v, w in why.items() if not w), None)
-    if variant is None:
-        reasons = set(why.values())
-        text = reasons.pop() if len(reasons) == 1 else "; ".join(f"as {v.layer_name}, {w}" for v, w in why.items())
-        raise ValueError(f"{prefix}: {text}")
-    _CLASSIFIED[function] = variant
-    return variant
-
-
-_CLASSIFIED: dict = {}  # function -> Variant
-
-
 # ------------------------------------------------------------------- patching
 
 
@@ -346,9 +185,7 @@ def kernelized_layers(model, *, others=False) -> list:
     (others=True: the repository of another kernel it runs, rather than None). Read from the
     functions kernels' use_kernelized_func attached (`_kernel_funcs`, and the `_kernel_repo`
     kernelize records on them; kernels has no public view of them)."""
-    from .layers import LAYERS
-
-    names = {cls.forward: v.layer_name for v, cls in LAYERS.items()}
+    names = {cls.forward: v.layer_name for v, cls in layers.LAYERS.items()}
     funcs = [f for m in model.modules() for f in m.__dict__.get("_kernel_funcs", {}).values()]
     runs = [names.get(getattr(getattr(f, "forward", None), "__func__", None)) for f in funcs]
     if others:
@@ -393,6 +230,7 @@ def _patch(family: str, plan) -> None:
             _track(cls, function)
         setattr(module, name_in_module, function)
     _PATCHED[family, name_in_module] = _Patch(module, name_in_module, original, function, saved, marked)
+    layers._SERVING[type(function)] = variant  # known before a traced first call
 
 
 def make_kernelizable(*models, families=None) -> list:

@@ -9,8 +9,10 @@ batch has batch stride 0. Per pair (x1, x2) and table pairs (c1, c2), (s1, s2)
     adjoint:  y1 = x1*c1 + x2*s2      y2 = x2*c2 - x1*s1
     grad_cos = sum_h (g * x)          grad_sin = sum_h (g * (-x2, x1))
     grad_angles = cos * grad_sin - sin * grad_cos
-A pair is (j, j + HALF) (halves) or (2j, 2j + 1) (INTERLEAVED); channels past 2*HALF (partial
-rotary) are copied by the programs of the first pair block. The table gradient is summed over
+A pair is (j, j + HALF) (halves) or (2j, 2j + 1) (INTERLEAVED), over the first 2*HALF channels, or
+the last (LAST); the others (partial rotary) are copied by the programs of the first pair block.
+The table holds a value per channel of the pairs, or one per pair (PAIR_TABLE: channel j for both
+members, whose gradients it sums). The table gradient is summed over
 heads in registers in a fixed order: deterministic. Offsets are int64.
 """
 
@@ -137,12 +139,12 @@ def _store_pairs(
 @triton.jit
 def _copy_tail(
     in_ptr, out_ptr, stride_in_seq, stride_in_head, stride_in_dim, stride_out_seq, stride_out_head, stride_out_dim, s,
-    h, seq_len, H: tl.constexpr, ROT: tl.constexpr, TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    h, seq_len, H: tl.constexpr, START: tl.constexpr, TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
     # fmt: on
-    """Channels ROT .. ROT + TAIL - 1 of heads h, which partial rotary passes through unchanged."""
-    c = ROT + tl.arange(0, BLOCK_TAIL)[None, None, :]
-    m = (s < seq_len) & (h < H) & (c < ROT + TAIL)
+    """Channels START .. START + TAIL - 1 of heads h, which partial rotary passes through unchanged."""
+    c = START + tl.arange(0, BLOCK_TAIL)[None, None, :]
+    m = (s < seq_len) & (h < H) & (c < START + TAIL)
     x = tl.load(in_ptr + s * stride_in_seq + h * stride_in_head + c * stride_in_dim, mask=m)
     tl.store(
         out_ptr + s * stride_out_seq + h * stride_out_head + c * stride_out_dim, x.to(out_ptr.dtype.element_ty), mask=m
@@ -246,10 +248,12 @@ def rotary_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     # What the call computes: the adjoint rotation (backward), angles in the table, interleaved
-    # pairs, which outputs
+    # pairs, a table value per pair, the last channels rotated, which outputs
     ADJOINT: tl.constexpr,
     ANGLES: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    PAIR_TABLE: tl.constexpr,
+    LAST: tl.constexpr,
     WRITE_Q: tl.constexpr,
     WRITE_K: tl.constexpr,
     GRAD_TABLE: tl.constexpr,
@@ -274,6 +278,13 @@ def rotary_kernel(
     stride_grad_table_dim = _stride(seq_len, stride_grad_table_dim)
     stride_grad_sin_dim = _stride(seq_len, stride_grad_sin_dim)
 
+    if LAST:  # the rotated channels start past the TAIL that passes through (at -TAIL from here)
+        in_q_ptr += TAIL * stride_in_q_dim
+        in_k_ptr += TAIL * stride_in_k_dim
+        out_q_ptr += TAIL * stride_out_q_dim
+        out_k_ptr += TAIL * stride_out_k_dim
+        q_ptr += TAIL * stride_q_dim
+        k_ptr += TAIL * stride_k_dim
     pid_s = tl.program_id(0)
     if BATCHED:  # programs 0 .. B * cdiv(S, BLOCK_S) - 1: the batch's sequences one after the other
         n_tiles = tl.cdiv(seq_len, BLOCK_S)
@@ -294,7 +305,10 @@ def rotary_kernel(
     s = pid_s.to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     j = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_sj = (s[:, None] < seq_len) & (j[None, :] < HALF)
-    if INTERLEAVED:  # the channels of the pairs' elements in a table row
+    if PAIR_TABLE:  # the channels of the pairs' elements in a table row
+        ch1 = j[None, :]
+        ch2 = ch1
+    elif INTERLEAVED:
         ch1 = 2 * j[None, :]
         ch2 = ch1 + 1
     else:
@@ -375,11 +389,11 @@ def rotary_kernel(
                 if WRITE_Q:
                     _copy_tail(in_q_ptr, out_q_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim,
                                stride_out_q_seq, stride_out_q_head, stride_out_q_dim, s3, h, seq_len,
-                               HQ, 2 * HALF, TAIL, BLOCK_TAIL)
+                               HQ, -TAIL if LAST else 2 * HALF, TAIL, BLOCK_TAIL)
                 if WRITE_K:
                     _copy_tail(in_k_ptr, out_k_ptr, stride_in_k_seq, stride_in_k_head, stride_in_k_dim,
                                stride_out_k_seq, stride_out_k_head, stride_out_k_dim, s3, h, seq_len,
-                               HK, 2 * HALF, TAIL, BLOCK_TAIL)
+                               HK, -TAIL if LAST else 2 * HALF, TAIL, BLOCK_TAIL)
         # fmt: on
 
     if GRAD_TABLE:
@@ -391,7 +405,13 @@ def rotary_kernel(
             gt1 = gc1
             gt2 = gc2
             g2 = grad_sin_ptr + s2 * stride_grad_sin_seq
-            tl.store(g2 + ch1 * stride_grad_sin_dim, gs1.to(grad_sin_ptr.dtype.element_ty), mask=mask_sj)
-            tl.store(g2 + ch2 * stride_grad_sin_dim, gs2.to(grad_sin_ptr.dtype.element_ty), mask=mask_sj)
-        tl.store(g1 + ch1 * stride_grad_table_dim, gt1.to(grad_table_ptr.dtype.element_ty), mask=mask_sj)
-        tl.store(g1 + ch2 * stride_grad_table_dim, gt2.to(grad_table_ptr.dtype.element_ty), mask=mask_sj)
+            if PAIR_TABLE:
+                tl.store(g2 + ch1 * stride_grad_sin_dim, (gs1 + gs2).to(grad_sin_ptr.dtype.element_ty), mask=mask_sj)
+            else:
+                tl.store(g2 + ch1 * stride_grad_sin_dim, gs1.to(grad_sin_ptr.dtype.element_ty), mask=mask_sj)
+                tl.store(g2 + ch2 * stride_grad_sin_dim, gs2.to(grad_sin_ptr.dtype.element_ty), mask=mask_sj)
+        if PAIR_TABLE:
+            tl.store(g1 + ch1 * stride_grad_table_dim, (gt1 + gt2).to(grad_table_ptr.dtype.element_ty), mask=mask_sj)
+        else:
+            tl.store(g1 + ch1 * stride_grad_table_dim, gt1.to(grad_table_ptr.dtype.element_ty), mask=mask_sj)
+            tl.store(g1 + ch2 * stride_grad_table_dim, gt2.to(grad_table_ptr.dtype.element_ty), mask=mask_sj)

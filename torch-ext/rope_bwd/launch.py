@@ -17,6 +17,7 @@ import triton
 
 from . import fast_launch, tuning
 from .kernel import rotary_kernel
+from .rotary_torch import INTERLEAVED, LAST, PAIR_TABLE
 
 # Where a tile's pair axis (of size 2, after the contiguous channels) must go for Triton to keep
 # it in each thread's registers: up to 3.6 Triton keeps the last of two tied axes there, from 3.7
@@ -28,7 +29,7 @@ _JIT = isinstance(rotary_kernel, triton.runtime.JITFunction)  # False under the 
 
 
 def launch_fwd(
-    *, q, k, q_out, k_out, cos=None, sin=None, angles=None, interleaved=False, config=None, heads_first=False,
+    *, q, k, q_out, k_out, cos=None, sin=None, angles=None, pairs=False, config=None, heads_first=False,
     route=None,
 ):  # fmt: skip
     """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles`.
@@ -36,7 +37,7 @@ def launch_fwd(
     q [S, HQ, D], k [S, HK, D]; tables [S, R], R even, R <= D (channels R.. pass through);
     or batched: q [B, S, HQ, D], k [B, S, HK, D], tables [B, S, R] or [1, S, R]; any strides;
     float32/bfloat16/float16, math in float32, each output in its own dtype.
-    interleaved: pairs (2j, 2j + 1), else (j, j + R/2). config: {BLOCK_S, BLOCK_D, BLOCK_R,
+    pairs: rotary_torch's flags (True: pairs (2j, 2j + 1), else (j, j + R/2)). config: {BLOCK_S, BLOCK_D, BLOCK_R,
     num_warps}, or None for tuning.get_config's. Runs on the tensors' device. heads_first: q, k
     and their outputs given as [B, H, S, D] (the decoders' attention views: what the kernel reads
     as [B, S, H, D], transposed), read as such with no view made.
@@ -48,7 +49,7 @@ def launch_fwd(
     """
     table = angles if angles is not None else cos
     tensors = (q, k, q_out, k_out, None, None, table, sin, None, None)
-    return _launch(tensors, False, interleaved, config, heads_first, route)
+    return _launch(tensors, False, pairs, config, heads_first, route)
 
 
 def launch_bwd(
@@ -65,7 +66,7 @@ def launch_bwd(
     grad_cos=None,
     grad_sin=None,
     grad_angles=None,
-    interleaved=False,
+    pairs=False,
     config=None,
     heads_first=False,
 ):
@@ -76,20 +77,20 @@ def launch_bwd(
     table = angles if angles is not None else cos
     grad_table = grad_angles if angles is not None else grad_cos
     tensors = (grad_q_embed, grad_k_embed, grad_q, grad_k, q, k, table, sin, grad_table, grad_sin)
-    _launch(tensors, True, interleaved, config, heads_first)
+    _launch(tensors, True, pairs, config, heads_first)
 
 
-def _launch(tensors, adjoint, interleaved, config, heads_first=False, route=None):
+def _launch(tensors, adjoint, pairs, config, heads_first=False, route=None):
     x_q = tensors[0]
     if type(x_q) is not torch.Tensor:
-        _launch_traced(_heads_last(tensors) if heads_first else tensors, adjoint, interleaved, config)
+        _launch_traced(_heads_last(tensors) if heads_first else tensors, adjoint, pairs, config)
         return None
     device = x_q.device
     if device.type == "cuda" and _several_gpus() and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):  # Triton launches on the current device
-            return _launch(tensors, adjoint, interleaved, config, heads_first, route)
+            return _launch(tensors, adjoint, pairs, config, heads_first, route)
     if route is None:
-        route, ptrs = _route(tensors, adjoint, interleaved, config, heads_first)
+        route, ptrs = _route(tensors, adjoint, pairs, config, heads_first)
     else:
         ptrs = [0 if t is None else t.data_ptr() for t in tensors]
         if tuple([p % 16 == 0 for p in ptrs]) != route.aligned:  # the caller's tensors may be other views:
@@ -102,13 +103,13 @@ def _launch(tensors, adjoint, interleaved, config, heads_first=False, route=None
 _ROUTES = {}  # a call's signature -> its _Route
 
 
-def _route(tensors, adjoint, interleaved, config, heads_first):
+def _route(tensors, adjoint, pairs, config, heads_first):
     """(the _Route of a call, None for no tokens; the tensors' addresses, 0 for None). Cached by the
     call's signature (shapes, strides, dtypes, 16-byte alignment: a raw key, cheap to build; its
     plan is cached by what does not change with S, _layout), unless the configuration is given (the
     tuner's calls). A new signature (a new S) is read from that key's tuples, not the tensors:
     its host time stays that of the lookup it replaces."""
-    ptrs, sig = [], [adjoint, interleaved, heads_first, tensors[0].device]
+    ptrs, sig = [], [adjoint, pairs, heads_first, tensors[0].device]
     for t in tensors:  # one pass: host time
         p = 0 if t is None else t.data_ptr()
         ptrs.append(p)
@@ -132,7 +133,7 @@ def _route(tensors, adjoint, interleaved, config, heads_first):
     if chosen is None:
         outside = adjoint and _outside(S, sizes[0], strides_q[-3], strides_q[-2])
         chosen = _config(adjoint, metas[8] is not None, sizes, B * S, dtype_q, tensors[0].device, outside)
-    plan = _plan(*sizes, adjoint, interleaved, _layout(metas, S), tuple(chosen.items()), tensors[0].device.index)
+    plan = _plan(*sizes, adjoint, pairs, _layout(metas, S), tuple(chosen.items()), tensors[0].device.index)
     grid = (B * -(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
     route = _Route(plan, grid, S, tuple([p % 16 == 0 for p in ptrs]))
     if config is None:
@@ -312,8 +313,9 @@ def _pointer_args(tensors):
     )
 
 
-def _constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config):
-    """The kernel's constexprs. layout: per tensor None (unused) or (encoded strides, dtype, ...)."""
+def _constexprs(HQ, HK, D, R, adjoint, pairs, layout, config):
+    """The kernel's constexprs. R: the table's width; pairs: rotary_torch's flags; layout: per
+    tensor None (unused) or (encoded strides, dtype, ...)."""
     cfg = dict(config)
     strides = {}
     for i, (name, lay) in enumerate(zip(TENSORS, layout)):
@@ -324,12 +326,13 @@ def _constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config):
     out_dtype = (out_q or out_k or grad_table)[1]
     # Whole rows per store instruction where half rows share 32-byte sectors and no table
     # gradient is computed (with one, per-half stores are faster).
-    row_store = grad_table is None and not interleaved and (R // 2 * out_dtype.itemsize) % 32 != 0
-    tail = D - R
+    half = R if pairs & PAIR_TABLE else R // 2
+    row_store = grad_table is None and not pairs & INTERLEAVED and (half * out_dtype.itemsize) % 32 != 0
+    tail = D - 2 * half
     return dict(
         HQ=HQ,
         HK=HK,
-        HALF=R // 2,
+        HALF=half,
         TAIL=tail,
         BLOCK_TAIL=triton.next_power_of_2(tail) if tail else 0,
         **strides,
@@ -338,7 +341,9 @@ def _constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config):
         BLOCK_R=cfg["BLOCK_R"],
         ADJOINT=adjoint,
         ANGLES=sin is None,
-        INTERLEAVED=interleaved,
+        INTERLEAVED=bool(pairs & INTERLEAVED),
+        PAIR_TABLE=bool(pairs & PAIR_TABLE),
+        LAST=bool(pairs & LAST),
         WRITE_Q=out_q is not None,
         WRITE_K=out_k is not None,
         GRAD_TABLE=grad_table is not None,
@@ -363,13 +368,13 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(HQ, HK, D, R, adjoint, interleaved, layout, config, device):
+def _plan(HQ, HK, D, R, adjoint, pairs, layout, config, device):
     """The _Plan of a layout; its key holds nothing that changes with S (`device` keys the
     compiled kernel)."""
-    return _Plan(_constexprs(HQ, HK, D, R, adjoint, interleaved, layout, config))
+    return _Plan(_constexprs(HQ, HK, D, R, adjoint, pairs, layout, config))
 
 
-def _launch_traced(tensors, adjoint, interleaved, config):
+def _launch_traced(tensors, adjoint, pairs, config):
     """The launch under torch.compile (fake or functional tensors): through wrap_triton, so that
     inductor launches the kernel from its generated code. S may be symbolic; the head counts,
     head_dim and table width are made ints (specialized). An input with a symbolic stride that
@@ -393,6 +398,6 @@ def _launch_traced(tensors, adjoint, interleaved, config):
         for i, t in enumerate(tensors)
     )
     layout = tuple(None if t is None else (encoded(i, t), t.dtype) for i, t in enumerate(tensors))
-    consts = _constexprs(*sizes, adjoint, interleaved, layout, tuple(config.items()))
+    consts = _constexprs(*sizes, adjoint, pairs, layout, tuple(config.items()))
     grid = (B * triton.cdiv(S, consts["BLOCK_S"]), triton.cdiv(consts["HALF"], consts["BLOCK_D"]))
     wrap_triton(rotary_kernel)[grid](*_pointer_args(tensors), S, **consts)

@@ -1,90 +1,111 @@
-"""Layers for kernels.kernelize: one per variant of transformers' rotary functions (`VARIANTS`,
-the classification table integrations.py matches each family's function against):
+"""Layers for kernels.kernelize: one per variant of transformers' rotary functions (variants.py's
+classification table). Stateless classes, made from the table: kernels accepts no members but
+forward (and its two flags), and checks that forward's parameters are those of the function it
+replaces, so the variant is the class, held by forward's closure.
 
-- the form: the vision encoders' `apply_rotary_pos_emb_vision(q, k, cos, sin)`, the decoders'
-  `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`, or a decoder's function of one
-  tensor, `apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)` (Gemma 4, called for q and k);
-- the pairs: halves (rotate_half), interleaved (rotate_pairwise), or interleaved from a table
-  whose first half holds one value per pair (GLM: `cos[..., :R/2].repeat_interleave(2)`); over
-  the first cos.shape[-1] channels, the rest passed through;
-- the dtype rule: each output in its input's dtype, in its promotion with cos and sin (a function
-  computing in its inputs' dtypes), or both in q's.
-
-Stateless classes, made from the table: kernels accepts no members but forward (and its two
-flags), and checks that forward's parameters are those of the function it replaces, so the
-variant is the class, held by forward's closure.
+kernels maps a layer name to a layer, never a family to one: a layer may be given a function of
+another variant (transformers marks GPT-OSS's function with Llama's name, "rotary_pos_emb").
+So each layer's forward first asks which variant the function it replaces computes (`serving`,
+once per function): its own, that of another layer, which it runs instead, or none, where
+transformers' own function runs, with one warning naming the family and the reason.
 """
 
-from typing import NamedTuple
+import warnings
 
 from torch import nn
 
+from . import internals
 from .ops import heads_axis, rotary_call
-
-FUNCTIONS = {
-    "vision": "apply_rotary_pos_emb_vision",
-    "decoder": "apply_rotary_pos_emb",
-    "single": "apply_rotary_pos_emb",
-}
-PARAMS = {
-    "vision": ("q", "k", "cos", "sin"),
-    "decoder": ("q", "k", "cos", "sin", "unsqueeze_dim"),
-    "single": ("x", "cos", "sin", "unsqueeze_dim"),
-}
-_STEMS = {"vision": "ApplyRotaryPosEmbVision", "decoder": "ApplyRotaryPosEmb", "single": "ApplyRotaryPosEmbSingle"}
-_PAIRS = {"halves": "", "interleaved": "Interleaved", "repeated": "RepeatedPairs"}
-_DTYPES = {"kept": "", "promoted": "Promoted", "q": "InQDtype"}
-
-
-class Variant(NamedTuple):
-    """What a family's rotary computes (see the module's docstring)."""
-
-    form: str  # "vision", "decoder" or "single"
-    pairs: str  # "halves", "interleaved" or "repeated"
-    dtypes: str  # "kept", "promoted" or "q"
-
-    @property
-    def layer_name(self) -> str:
-        """The layer's class here, also its layer name for kernels."""
-        return _STEMS[self.form] + _PAIRS[self.pairs] + _DTYPES[self.dtypes]
-
-
-# In the order classification prefers them where its probes cannot tell (dtypes kept first).
-VARIANTS = tuple(
-    Variant(form, pairs, dtypes)
-    for form in _STEMS
-    for pairs in _PAIRS
-    for dtypes in _DTYPES
-    if not (form == "single" and dtypes == "q")  # one tensor: q's dtype is its own
-)
+from .variants import FUNCTIONS, PARAMS, VARIANTS, Variant, classify
 
 
 def _forward(v: Variant):
-    fn, kw = FUNCTIONS[v.form], {"pairs": v.pairs, "dtypes": v.dtypes}
+    fn = FUNCTIONS[v.form]
+    kw = {"pairs": v.flags, "repeated": v.pairs == "repeated", "dtypes": v.dtypes}
     if v.form == "vision":
 
         def forward(self, q, k, cos, sin):
+            served = _SERVING.get(type(self)) or serving(self) or v
+            if served is not v:
+                return _serve(served, self, q, k, cos, sin)
             return rotary_call(fn, q, k, cos, sin, **kw)
 
     elif v.form == "decoder":
 
         def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+            served = _SERVING.get(type(self)) or serving(self) or v
+            if served is not v:
+                return _serve(served, self, q, k, cos, sin, unsqueeze_dim)
             return rotary_call(fn, q, k, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
+
+    elif v.form == "single":
+
+        def forward(self, x, cos, sin, unsqueeze_dim=1):
+            served = _SERVING.get(type(self)) or serving(self) or v
+            if served is not v:
+                return _serve(served, self, x, cos, sin, unsqueeze_dim)
+            return rotary_call(fn, x, None, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
 
     else:
 
-        def forward(self, x, cos, sin, unsqueeze_dim=1):
-            return rotary_call(fn, x, None, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
+        def forward(self, q, k, cos, sin, **kwargs):
+            served = _SERVING.get(type(self)) or serving(self) or v
+            if served is not v:
+                return _serve(served, self, q, k, cos, sin, **kwargs)
+            return rotary_call(fn, q, k, cos, sin, heads_axis=-3, prefix=True, **kw)
 
     forward.__qualname__ = f"{v.layer_name}.forward"  # found by name, as pickle looks for it
     return forward
 
 
 def _layer(v: Variant) -> type:
-    doc = f"transformers' {FUNCTIONS[v.form]}{PARAMS[v.form]}: {v.pairs} pairs, dtypes {v.dtypes}."
+    doc = f"transformers' {FUNCTIONS[v.form]}{PARAMS[v.form]}: {v.layer_name}'s variant, {tuple(v)}."
     attrs = {"__doc__": doc, "__module__": __name__, "forward": _forward(v), "can_torch_compile": True}
     return type(v.layer_name, (nn.Module,), attrs | {"has_backward": True})
 
 
 LAYERS = {v: _layer(v) for v in VARIANTS}
 globals().update({cls.__name__: cls for cls in LAYERS.values()})  # layers.<name>, where kernels looks
+
+
+class Unsupported:
+    """What serves a function that is none of the variants: the function itself, with a warning
+    at its first call."""
+
+    def __init__(self, function, reason):
+        self.function, self.reason, self.warned = function, reason, False
+
+    def __call__(self, *args, **kwargs):
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"rope-bwd: transformers' own function runs: {self.reason}", stacklevel=3)
+        return self.function(*args, **kwargs)
+
+
+_SERVING = {cls: v for v, cls in LAYERS.items()}  # module type -> its Variant, or Unsupported
+
+
+def serving(module):
+    """What serves the rotary function `module` stands for (a kernels layer of a function, as
+    kernelize gives it one of these layers' forward): the Variant of the function, classified
+    once per function, or Unsupported. A module that wraps no function (a layer used as a module)
+    is served by its own layer's variant."""
+    served = _SERVING.get(type(module))
+    if served is None:
+        function = internals.kernels_function(type(module))
+        if function is None:
+            return next((v for v, cls in LAYERS.items() if isinstance(module, cls)), None)
+        name = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
+        try:
+            served = classify(function, name)
+        except ValueError as e:
+            served = Unsupported(function, str(e))
+        _SERVING[type(module)] = served
+    return served
+
+
+def _serve(served, module, *args, **kwargs):
+    """Runs a rotary function with the layer of its own variant, or transformers' function."""
+    if isinstance(served, Variant):
+        return LAYERS[served].forward(module, *args, **kwargs)
+    return served(*args, **kwargs)

@@ -1,10 +1,11 @@
 """The custom ops, their autograd, and the public functions.
 
 Ops (named through add_op_namespace_prefix, so that several builds load in one process):
-    rotary_fwd(q, k, table, sin?, interleaved) -> (q_embed, k_embed)
-    rotary_bwd(gq, gk, q?, k?, table, sin?, need_q, need_k, interleaved) -> (dq, dk, dtable, dsin)
+    rotary_fwd(q, k, table, sin?, pairs) -> (q_embed, k_embed)
+    rotary_bwd(gq, gk, q?, k?, table, sin?, need_q, need_k, pairs) -> (dq, dk, dtable, dsin)
     rope_bwd_out(..., interleaved)   the backward of rope_fwd written into the caller's buffers
-`table` holds the angles when `sin` is None, else cos; outputs not asked for come back empty.
+`table` holds the angles when `sin` is None, else cos; `pairs` rotary_torch's flags (a bool serves:
+interleaved); outputs not asked for come back empty.
 The first two are triton_ops, which torch.compile traces into. Eager calls take EagerRotary,
 without a dispatcher round trip (host time); torch.func transforms and higher derivatives
 take derivatives.py's Functions. CUDA tensors run the kernel, CPU and float64 rotary_torch.
@@ -82,27 +83,41 @@ def _swap_heads(*tensors):
     return [t if t is None else t.transpose(-3, -2) for t in tensors]
 
 
-def forward_impl(q, k, table, sin, interleaved, heads_first=False):
+def forward_impl(q, k, table, sin, pairs, heads_first=False):
     """(q_embed, k_embed); heads_first: q and k [B, H, S, D], and so the results."""
-    return _forward(q, k, table, sin, interleaved, heads_first)[:2]
+    return _forward(q, k, table, sin, pairs, heads_first)[:2]
 
 
-def _forward(q, k, table, sin, interleaved, heads_first=False):
-    """(q_embed, k_embed, the kernel's launch._Route, None on the PyTorch path)."""
+def _forward(q, k, table, sin, pairs, heads_first=False):
+    """(q_embed, k_embed, the kernel's launch._Route, None on the PyTorch path or with a prefix)."""
+    heads = -3 if heads_first else -2
     if not _use_triton(q, k, table):
-        return (*rotary_torch.forward(q, k, table, sin, interleaved, -3 if heads_first else -2), None)
+        return (*rotary_torch.forward(q, k, table, sin, pairs, heads), None)
     q_embed, k_embed = _empty_like(q, heads_first), _empty_like(k, heads_first)
-    route = _launch().launch_fwd(q=q, k=k, q_out=q_embed, k_out=k_embed, interleaved=interleaved,
+    n = rotary_torch.prefix(q, table, heads)
+    x_q, x_k, y_q, y_k = _pass_prefix(n, heads, (q, q_embed), (k, k_embed)) if n else (q, k, q_embed, k_embed)
+    route = _launch().launch_fwd(q=x_q, k=x_k, q_out=y_q, k_out=y_k, pairs=pairs,
                                  heads_first=heads_first, **_tables(table, sin))  # fmt: skip
-    return q_embed, k_embed, route
+    return q_embed, k_embed, None if n else route
 
 
-def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved, out=None, heads_first=False):
+def _pass_prefix(n, heads, *pairs_in_out):
+    """Copies the first n tokens of each (input, output) pair (None where absent) to the output:
+    those the table does not cover pass through. Returns the rest of the inputs, then of the
+    outputs: the views the kernel rotates."""
+    for x, y in pairs_in_out:
+        if x is not None and y is not None:
+            rotary_torch.tokens(y, n, heads)[0].copy_(rotary_torch.tokens(x, n, heads)[0])
+    rest = [[None if t is None else rotary_torch.tokens(t, n, heads)[1] for t in side] for side in zip(*pairs_in_out)]
+    return (*rest[0], *rest[1])
+
+
+def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs, out=None, heads_first=False):
     """(dq, dk, dtable, dsin), None where not asked for; the table gradient when q is given.
     out: the caller's (dq, dk, dtable) to write instead (rope_bwd_out: angles, all asked for).
     heads_first: gq, gk, q and k [B, H, S, D], and so dq and dk."""
     if not _use_triton(gq, gk, table):
-        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, interleaved, -3 if heads_first else -2)
+        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, pairs, -3 if heads_first else -2)
         return grads if out is None else (*(o.copy_(g) for o, g in zip(out, grads)), None)
     grad_table = q is not None
     dq, dk, dt = out or (
@@ -111,7 +126,12 @@ def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved, out=Non
         _grad_rows(table, gq) if grad_table else None,
     )
     ds = _grad_rows(sin, gq) if grad_table and sin is not None else None
-    _launch().launch_bwd(grad_q_embed=gq, grad_k_embed=gk, grad_q=dq, grad_k=dk, q=q, k=k, interleaved=interleaved,
+    heads = -3 if heads_first else -2
+    n = rotary_torch.prefix(gq, table, heads)
+    g_q, g_k, x_q, x_k, d_q, d_k = (
+        _pass_prefix(n, heads, (gq, dq), (gk, dk), (q, None), (k, None))[:6] if n else (gq, gk, q, k, dq, dk)
+    )
+    _launch().launch_bwd(grad_q_embed=g_q, grad_k_embed=g_k, grad_q=d_q, grad_k=d_k, q=x_q, k=x_k, pairs=pairs,
                          heads_first=heads_first, **_tables(table, sin), **_table_grads(sin, dt, ds))  # fmt: skip
     # A table shared by a batch: the kernel's per-sequence rows summed, in a fixed order.
     dt, ds = (g if g is None or g.shape == t.shape else g.sum(0, keepdim=True) for g, t in ((dt, table), (ds, sin)))
@@ -143,8 +163,8 @@ def _triton_op(name):
 
 
 @_triton_op("rotary_fwd")
-def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], interleaved: bool) -> tuple[Tensor, Tensor]:
-    return forward_impl(q, k, table, sin, interleaved)
+def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], pairs: int) -> tuple[Tensor, Tensor]:
+    return forward_impl(q, k, table, sin, pairs)
 
 
 # torch.library reads the op's schema from the full signature.
@@ -158,9 +178,9 @@ def rotary_bwd(
     sin: Optional[Tensor],
     need_q: bool,
     need_k: bool,
-    interleaved: bool,
+    pairs: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    outs = backward_impl(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
+    outs = backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs)
     likes = (gq, gk, table, table)
     return tuple(o if o is not None else like.new_empty((0,)) for o, like in zip(outs, likes))
 
@@ -200,7 +220,7 @@ def _(grad_q_embed, grad_k_embed, q, k, embeddings, grad_q, grad_k, grad_embeddi
 
 
 def setup_context(ctx, inputs, output):
-    q, k, table, sin, ctx.interleaved = inputs
+    q, k, table, sin, ctx.pairs = inputs
     table_grad = ctx.needs_input_grad[2] or (sin is not None and ctx.needs_input_grad[3])
     # q and k are kept only when the table needs a gradient (the real models' cos/sin come
     # from buffers): that backward never reads them.
@@ -211,7 +231,7 @@ def setup_context(ctx, inputs, output):
 def backward(ctx, gq, gk):
     q, k, table, sin = ctx.saved_tensors
     need_q, need_k, need_table, need_sin = ctx.needs_input_grad[:4]
-    args = (gq, gk, q, k, table, sin, need_q, need_k, ctx.interleaved)
+    args = (gq, gk, q, k, table, sin, need_q, need_k, ctx.pairs)
     # Under create_graph grad mode is on: the gradients then carry a graph of their own.
     if torch.is_grad_enabled():
         dq, dk, dt, ds = rotary_grad(*args, heads_first=ctx.heads_first)
@@ -237,9 +257,9 @@ class EagerRotary(torch.autograd.Function):
     through inspect."""
 
     @staticmethod
-    def forward(ctx, q, k, table, sin, interleaved, heads_first):
-        out = forward_impl(q, k, table, sin, interleaved, heads_first)
-        setup_context(ctx, (q, k, table, sin, interleaved), out)
+    def forward(ctx, q, k, table, sin, pairs, heads_first):
+        out = forward_impl(q, k, table, sin, pairs, heads_first)
+        setup_context(ctx, (q, k, table, sin, pairs), out)
         ctx.bwd, ctx.heads_first = backward_impl, heads_first
         return out
 
@@ -248,20 +268,20 @@ class EagerRotary(torch.autograd.Function):
         return (*backward(ctx, gq, gk), None)
 
 
-def rotary(q, k, table, sin, interleaved, heads_first=False):
+def rotary(q, k, table, sin, pairs, heads_first=False):
     """The differentiable rotation, through the cheapest path the caller's mode allows.
     heads_first: q and k [B, H, S, D] (the decoders' attention views), and so the results."""
     if type(q) is Tensor and not torch.compiler.is_compiling():
         if _untracked(q, k, table, sin):  # as Function.apply would: no node to record
-            return forward_impl(q, k, table, sin, interleaved, heads_first)
+            return forward_impl(q, k, table, sin, pairs, heads_first)
         if not derivatives.transforms_active():
-            return EagerRotary.apply(q, k, table, sin, interleaved, heads_first)
+            return EagerRotary.apply(q, k, table, sin, pairs, heads_first)
         fn = derivatives.RotaryFn.apply
     else:
         fn = rotary_fwd
     if heads_first:
-        return tuple(_swap_heads(*fn(*_swap_heads(q, k), table, sin, interleaved)))
-    return fn(q, k, table, sin, interleaved)
+        return tuple(_swap_heads(*fn(*_swap_heads(q, k), table, sin, pairs)))
+    return fn(q, k, table, sin, pairs)
 
 
 def _untracked(*tensors) -> bool:
@@ -272,15 +292,15 @@ def _untracked(*tensors) -> bool:
     return not derivatives.transforms_active()
 
 
-def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, interleaved, heads_first=False):
+def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, pairs, heads_first=False):
     """The differentiable backward (create_graph, transforms): (dq, dk, dtable, dsin);
     heads_first as for rotary (the graph records the views)."""
     if heads_first:
-        dq, dk, dt, ds = rotary_grad(*_swap_heads(gq, gk, q, k), table, sin, need_q, need_k, interleaved)
+        dq, dk, dt, ds = rotary_grad(*_swap_heads(gq, gk, q, k), table, sin, need_q, need_k, pairs)
         return (dq.transpose(-3, -2) if need_q else dq, dk.transpose(-3, -2) if need_k else dk, dt, ds)
     if type(gq) is Tensor and not torch.compiler.is_compiling():
-        return derivatives.RotaryGrad.apply(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
-    return rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k, interleaved)
+        return derivatives.RotaryGrad.apply(gq, gk, q, k, table, sin, need_q, need_k, pairs)
+    return rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k, pairs)
 
 
 # ------------------------------------------------------------------ public functions
@@ -341,13 +361,14 @@ def apply_rotary_pos_emb_vision(
     return rotary(q, k, cos, sin, interleaved)
 
 
-def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis=None):
+def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", heads_axis=None, prefix=False):
     """A transformers rotary call, checked, through the kernel. The vision form (heads_axis None):
-    q, k [S, H, D] or [B, S, H, D], cos and sin [S, R], shared by the batch. The decoder form:
-    q, k [B, H, S, D] (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B, S, R] or [1, S, R];
-    k None for a function of one tensor (its result alone is returned).
-    pairs: "halves" (rotate_half), "interleaved" (rotate_pairwise), or "repeated" (interleaved
-    pairs, each table pair's first half taken for both: rotary_torch.repeat_pairs).
+    q, k [S, H, D] or [B, S, H, D], cos and sin [S, T], shared by the batch. The decoder form:
+    q, k [B, H, S, D] (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B, S, T] or [1, S, T];
+    with prefix, cos and sin [S', T], S' <= S: the first S - S' tokens pass through (DINOv3's
+    class and register tokens). k None for a function of one tensor (its result alone is returned).
+    pairs: rotary_torch's flags (INTERLEAVED, PAIR_TABLE, LAST); repeated: the tables' first half
+    holds a value per pair and the second is not read (GLM: cos[..., :T/2].repeat_interleave(2)).
     dtypes: each output in its input's dtype ("kept"), in the promotion of its input's dtype with
     cos's and sin's ("promoted", as a function computing in its inputs' dtypes returns them), or
     both in q's ("q"). fn names the function in errors.
@@ -355,7 +376,7 @@ def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis
     A call like one that passed (_signature) is not checked again; under no grad, where it
     launched the kernel on its inputs as they are, it allocates the outputs and launches that
     launch again (_Relaunch): the host time of a decoding step."""
-    key = _signature(fn, pairs, dtypes, heads_axis, q, k, cos, sin)
+    key = _signature(fn, (pairs, repeated, prefix), dtypes, heads_axis, q, k, cos, sin)
     seen = _SEEN.get(key) if key is not None else None
     if seen is not None and seen.route is not None and _untracked(q, k, cos, sin):
         out = seen(q, k, cos, sin)
@@ -369,7 +390,7 @@ def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis
         k = q[:, :0] if heads_first else q[..., :0, :]  # no heads: the kernel writes q's alone
     batched = isinstance(q, Tensor) and q.dim() == 4
     tables = isinstance(cos, Tensor) and isinstance(sin, Tensor)
-    if heads_axis is None and batched and tables and cos.dim() == sin.dim() == 2:
+    if (heads_axis is None or prefix) and batched and tables and cos.dim() == sin.dim() == 2:  # one for the batch
         cos, sin = cos[None], sin[None]
     if tables and sin.dtype != cos.dtype:
         table = torch.promote_types(cos.dtype, sin.dtype)
@@ -378,18 +399,18 @@ def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis
         qc, kc = (x.transpose(-3, -2) if heads_axis == -3 and isinstance(x, Tensor) and x.dim() == 4 else x
                   for x in (q, k))  # fmt: skip
         names = [("x", qc)] if single else [("q", qc), ("k", kc)]
-        check_inputs(fn, names if not single else [*names, ("x", kc)], [("cos", cos), ("sin", sin)], batched=batched)
+        check_inputs(fn, names if not single else [*names, ("x", kc)], [("cos", cos), ("sin", sin)], batched=batched,
+                     pair_table=bool(pairs & rotary_torch.PAIR_TABLE) and not repeated, prefix=prefix)  # fmt: skip
     if dtypes == "promoted":  # computed from the unrounded inputs
         q, k = (_to(x, torch.promote_types(x.dtype, cos.dtype)) for x in (q, k))
-    if pairs == "repeated":
-        cos, sin = rotary_torch.repeat_pairs(cos), rotary_torch.repeat_pairs(sin)
-    interleaved = pairs != "halves"
-    # Outputs as the kernel writes them (not repeated pairs' tables, nor k's result cast to q's dtype)
-    relaunchable = pairs != "repeated" and (dtypes != "q" or single or k.dtype == q.dtype)
+    if repeated:  # a view: the second half gets a zero gradient
+        cos, sin = (t[..., : t.shape[-1] // 2] for t in (cos, sin))
+    # Outputs as the kernel writes them (not k's result cast to q's dtype)
+    relaunchable = dtypes != "q" or single or k.dtype == q.dtype
     if key is not None and relaunchable and type(q) is Tensor and _untracked(*args):
-        q_embed, k_embed, route = _forward(q, k, cos, sin, interleaved, heads_first)
+        q_embed, k_embed, route = _forward(q, k, cos, sin, pairs, heads_first)
     else:
-        (q_embed, k_embed), route = rotary(q, k, cos, sin, interleaved, heads_first), None
+        (q_embed, k_embed), route = rotary(q, k, cos, sin, pairs, heads_first), None
     if dtypes == "q":
         k_embed = _to(k_embed, q_embed.dtype)
     # the launch runs again only on the inputs' own memory (no dtype conversion made a copy)
@@ -399,7 +420,7 @@ def rotary_call(fn, q, k, cos, sin, *, pairs="halves", dtypes="kept", heads_axis
         if len(_SEEN) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _SEEN.clear()
         # a call with no launch to repeat (grad mode, say) shares one entry: nothing new per S
-        _SEEN[key] = _CHECKED if route is None else _Relaunch(route, interleaved, q_embed, None if single else k_embed)
+        _SEEN[key] = _CHECKED if route is None else _Relaunch(route, pairs, q_embed, None if single else k_embed)
     return q_embed if single else (q_embed, k_embed)
 
 
@@ -432,10 +453,10 @@ class _Relaunch:
     under no grad, its launch (a launch._Route, else None) and its outputs' layout, so that a call
     of the same signature under no grad allocates the outputs and launches, nothing more."""
 
-    __slots__ = ("route", "interleaved", "outs")
+    __slots__ = ("route", "pairs", "outs")
 
-    def __init__(self, route, interleaved, *outs):
-        self.route, self.interleaved = route, interleaved
+    def __init__(self, route, pairs, *outs):
+        self.route, self.pairs = route, pairs
         self.outs = [o if o is None else (tuple(o.shape), o.stride(), o.dtype, o.device) for o in outs]
 
     def __call__(self, q, k, cos, sin):
@@ -446,7 +467,7 @@ class _Relaunch:
         # one tensor: k is q's slice of no heads, whose result is never written
         k_embed = q_embed if k_out is None else torch.empty_strided(k_out[0], k_out[1], dtype=k_out[2], device=device)
         launched = _launch().launch_fwd(q=q, k=q if k is None else k, q_out=q_embed, k_out=k_embed, cos=cos, sin=sin,
-                                        interleaved=self.interleaved, route=self.route)  # fmt: skip
+                                        pairs=self.pairs, route=self.route)  # fmt: skip
         if launched is None:
             return None
         return q_embed if k is None else (q_embed, k_embed)

@@ -21,22 +21,23 @@ def _same(fn, name, got, want, what):
         raise ValueError(f"{fn}: {name} must have {what} {want}, got {got}")
 
 
-def check_inputs(fn, heads, tables, grads=(), batched=False):
+def check_inputs(fn, heads, tables, grads=(), batched=False, pair_table=False, prefix=False):
     """heads: [(name, tensor)] for q and k ([S, H, D]); tables: [(name, tensor)] for
-    embeddings or (cos, sin) ([S, R], R even and R <= D: R < D is partial rotary);
-    grads: [(name, tensor)], the upstream gradients of the heads in the same order, each
-    shaped like its head. batched: heads [B, S, H, D] and tables [B, S, R] or [1, S, R]."""
+    embeddings or (cos, sin) ([S, R], R even and R <= D: R < D is partial rotary; pair_table:
+    [S, R/2], one value per pair); grads: [(name, tensor)], the upstream gradients of the heads
+    in the same order, each shaped like its head. batched: heads [B, S, H, D] and tables
+    [B, S, R] or [1, S, R]. prefix: tables of S' <= S tokens (the first S - S' pass through)."""
     named = (*heads, *tables, *grads)
     # The checks read only types, shapes, dtypes and devices: a call like one that passed
     # passes (host time per call is what a training step at small S waits on).
-    key = _passed_key(fn, named, batched)
+    key = _passed_key((fn, pair_table, prefix), named, batched)
     if key is not None and key in _PASSED:
         return
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
     metas = [tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)]
-    _check_meta(fn, *metas, batched)
+    _check_meta(fn, *metas, batched, pair_table, prefix)
     if key is not None:
         if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _PASSED.clear()
@@ -47,8 +48,8 @@ _PASSED = set()  # _passed_key of the calls whose checks passed
 
 
 def _passed_key(fn, named, batched):
-    """What the checks read of a call, with each tensor's token count replaced by whether it
-    equals q's (and its batch size by whether it is q's or 1): the checks' outcome then holds
+    """What the checks read of a call, with each tensor's token count replaced by its comparison
+    with q's (and its batch size by whether it is q's or 1): the checks' outcome then holds
     for every B and S, so the set of passed calls does not grow with the number of sizes. `fn`
     fixes the names and their order. None where it cannot key the set: while tracing (symbolic
     sizes; dynamo would warn about the set), or for what is not a tensor of at least two dimensions."""
@@ -57,10 +58,10 @@ def _passed_key(fn, named, batched):
     try:
         if batched:
             (B, S), n = named[0][1].shape[:2], 2
-            sizes = [(t.shape[0] == B, t.shape[0] == 1, t.shape[1] == S) for _, t in named]
+            sizes = [(t.shape[0] == B, t.shape[0] == 1, (t.shape[1] > S) - (t.shape[1] < S)) for _, t in named]
         else:
             S, n = named[0][1].shape[0], 1
-            sizes = [t.shape[0] == S for _, t in named]
+            sizes = [(t.shape[0] > S) - (t.shape[0] < S) for _, t in named]
         key = (fn, *[(type(t), t.shape[n:], t.dtype, t.device, m) for (_, t), m in zip(named, sizes)])
         hash(key)
     except (AttributeError, IndexError, TypeError):
@@ -68,7 +69,7 @@ def _passed_key(fn, named, batched):
     return key
 
 
-def _check_meta(fn, heads, tables, grads, batched=False):
+def _check_meta(fn, heads, tables, grads, batched=False, pair_table=False, prefix=False):
     """check_inputs on (name, shape, dtype, device) of each tensor."""
     b = int(batched)
     for name, shape, dtype, _ in heads + grads:
@@ -93,8 +94,16 @@ def _check_meta(fn, heads, tables, grads, batched=False):
         _same(fn, name, tuple(shape), tuple(of_shape), f"the shape of {of_name}")
         _same(fn, name, dtype, of_dtype, f"the dtype of {of_name}")
     for name, shape, _, _ in tables:
-        _same(fn, name, shape[0], S, "q's token count S =")
-        if shape[1] % 2 or not 0 < shape[1] <= D:
+        if not prefix:
+            _same(fn, name, shape[0], S, "q's token count S =")
+        elif shape[0] > S:
+            raise ValueError(f"{fn}: {name} must have at most q's token count S = {S} tokens, got {shape[0]}")
+        if pair_table and not 0 < 2 * shape[1] <= D:
+            raise ValueError(
+                f"{fn}: {name} must be [S, R/2], one value per rotated pair, with R at most head_dim {D}, "
+                f"got {tuple(shape)}"
+            )
+        if not pair_table and (shape[1] % 2 or not 0 < shape[1] <= D):
             raise ValueError(
                 f"{fn}: {name} must be [S, R] with R even and at most head_dim {D} (R < D: partial rotary), "
                 f"got {tuple(shape)}"
