@@ -27,6 +27,7 @@ def _next_pow2(n):
     return 1 << max(0, (n - 1).bit_length())
 
 
+@pytest.mark.cpu_only  # a function of integers
 @pytest.mark.parametrize("n_sm", [132, 8])
 @pytest.mark.parametrize("R", [2, 17, 32, 130])
 @pytest.mark.parametrize("D", [2, 16, 72, 80, 128, 256])
