@@ -81,7 +81,7 @@ release() {  # the release stage (header); its own log, summary and deadline
   read -r gpu table < <(python3 -c "import torch; n = torch.cuda.get_device_name(); \
 print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').lower(), n.replace(' ', '_').replace('/', '_'))")
   rm -rf $records && mkdir -p "$records/$gpu" && cp "$OUT/gpu.txt" "$records/$gpu/"
-  echo "release of $ROPE_COMMIT on $gpu ($(python3 -m rope_bwd_triton build | head -1))"
+  echo "release of $ROPE_COMMIT on $gpu ($(python3 -m rope_bwd_triton build 2>&1 | sed -n 1p))"
   ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -k 10 "$(left 600 $((reserve + 40)))" python3 -m pytest -q -rfEs -p no:cacheprovider \
     -n "${XDIST:-14}" -m "not whole_gpu" >"$OUT/tests.log" 2>&1
   local tests_rc=$?
