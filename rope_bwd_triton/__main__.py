@@ -26,6 +26,8 @@ COMMANDS = {
     "images of varying size, each variant in a fresh process",
     "overhead": "first calls in fresh processes with empty caches, and host time per call (fast launch on and off)",
     "tune": "search launch configurations on this GPU; write torch-ext/rope_bwd/configs/<GPU>.json",
+    "results": "write RESULTS.md's GPU sections and the README's performance table from the release records in "
+    "benchmarks/<gpu>/ (--check: only compare); --release: a release run's summary (scripts/gpu.sh release)",
     "publish": "write CARD.md (the Hub card) from README.md's card part, then upload build/ and the card to the Hub "
     "(or --card-only, --dry-run, --to-cache)",
 }

@@ -31,9 +31,21 @@ def versions() -> dict:
     return found
 
 
+def commit() -> str | None:
+    """The tree that ran: ROPE_COMMIT where set (a GPU machine gets the files without their git
+    history: scripts/gpu.sh release passes it on), else the checkout's short hash, `_dirty` with
+    uncommitted changes; None outside git."""
+    from .build import git_state
+
+    if os.environ.get("ROPE_COMMIT"):
+        return os.environ["ROPE_COMMIT"]
+    state = git_state()
+    return state and state[0][:7] + ("_dirty" if state[1] else "")
+
+
 def run_meta(device, *, kernel=None, timer=None, **fields) -> dict:
     """What a recorded run says about itself, so that it can be read and redone: date (UTC),
-    command, device, versions; on CUDA the GPU's name, SM count and L2 size, on the CPU gpu
+    commit, command, device, versions; on CUDA the GPU's name, SM count and L2 size, on the CPU gpu
     None and a note. kernel: the loaded variant, recorded by name; timer: the
     timing.ColdL2Timer, its calls and methods. Then the command's own `fields`."""
     import torch
@@ -41,6 +53,7 @@ def run_meta(device, *, kernel=None, timer=None, **fields) -> dict:
     device = torch.device(device)
     meta = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
         "command": "python -m rope_bwd_triton " + shlex.join(sys.argv[1:]),
         "device": str(device),
         "versions": versions(),

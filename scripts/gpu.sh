@@ -3,6 +3,17 @@
 # results go to benchmarks/<gpu>/). Installs the carried wheels (.whl/: kernels, transformers,
 # huggingface_hub, liger-kernel, tomlkit, tabulate and what they need) into /tmp/site, then
 # runs the stages named as arguments, writing everything under $OUT:
+#   release   what proves a commit on this GPU and writes its records, in one 10-minute call
+#             (ROPE_COMMIT=<hash>: the machine gets the files without git), every step bounded
+#             by the time left of RELEASE_BUDGET (560 s), RELEASE_RECORDS (240 s) kept for the
+#             records: the tests that may touch CUDA (ROPE_CUDA_ONLY=1: tests/conftest.py; CI runs
+#             the rest) on XDIST workers (14), then the whole_gpu tests alone, then the records,
+#             tuned and, where the GPU has a tuned table, --untuned: the suite preset's 16 public
+#             workloads, realcall, decoder, decode. $OUT gets tests.log, tests-big.log,
+#             release.log and <gpu>.tar.gz (release.json; bench, realcall, decoder, decode and their
+#             -untuned twins, each as json, md and png), each as soon as its step ends; the last
+#             line sums up. Unpack the tar into benchmarks/, then `python -m rope_bwd_triton results`
+#             writes RESULTS.md's section of that GPU and the README's performance table from it
 #   tests     the whole pytest suite (GPU tests included, and refused to skip: tests/skips.py;
 #             PYTEST_ARGS narrows it)
 #   tests-shard  shard SHARD=k/n of the suite (a hash of each test's id: tests/conftest.py) but
@@ -60,10 +71,57 @@ run_bench() {  # run_bench <preset> <name of its outputs under $OUT> [more bench
 run_tests() {  # run_tests <log name under $OUT> [pytest options]
   ROPE_EXPECT_CUDA=1 python3 -m pytest -q -rs -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT/$1" | tail -40
 }
+release() {  # the release stage (header); its own log, summary and deadline
+  local t0=$SECONDS budget=${RELEASE_BUDGET:-560} reserve=${RELEASE_RECORDS:-240} gpu table records=/tmp/release
+  left() {  # left <cap> [reserve]: seconds for a step, at most cap, keeping reserve for later steps
+    local l=$((budget - (SECONDS - t0) - ${2:-0}))
+    echo $(($1 < l ? $1 : (l > 1 ? l : 1)))
+  }
+  export ROPE_COMMIT=${ROPE_COMMIT:-$(python3 -c "from rope_bwd_triton.output import commit; print(commit() or 'unknown')")}
+  read -r gpu table < <(python3 -c "import torch; n = torch.cuda.get_device_name(); \
+print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').lower(), n.replace(' ', '_').replace('/', '_'))")
+  rm -rf $records && mkdir -p "$records/$gpu" && cp "$OUT/gpu.txt" "$records/$gpu/"
+  echo "release of $ROPE_COMMIT on $gpu ($(python3 -m rope_bwd_triton build 2>&1 | sed -n 1p))"
+  ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -k 10 "$(left 600 $((reserve + 40)))" python3 -m pytest -q -rfEs -p no:cacheprovider \
+    -n "${XDIST:-14}" -m "not whole_gpu" >"$OUT/tests.log" 2>&1
+  local tests_rc=$?
+  echo "tests: exit $tests_rc at $((SECONDS - t0)) s: $(tail -1 "$OUT/tests.log")"
+  ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -k 10 "$(left 60 "$reserve")" python3 -m pytest -q -rfEs -p no:cacheprovider -p no:xdist \
+    -m whole_gpu >"$OUT/tests-big.log" 2>&1
+  local big_rc=$?
+  echo "whole_gpu tests: exit $big_rc at $((SECONDS - t0)) s: $(tail -1 "$OUT/tests-big.log")"
+  local runs=(  # name, seconds at most, bench arguments
+    "bench 70 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy,compile,eager"
+    "realcall 70 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy,compile,liger"
+    "decoder 45 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy,compile,liger,transformers"
+    "decode 40 --preset decode"
+  )
+  if [ -f "torch-ext/rope_bwd/configs/$table.json" ]; then  # default_config against the table, a copy beside it
+    runs+=("bench-untuned 30 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy --untuned"
+      "realcall-untuned 35 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy --untuned"
+      "decoder-untuned 25 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy --untuned"
+      "decode-untuned 25 --preset decode --peers= --untuned")
+  fi
+  local run name cap
+  for run in "${runs[@]}"; do
+    read -r name cap args <<<"$run"
+    # shellcheck disable=SC2086  # the arguments are words
+    timeout -k 10 "$(left "$cap")" python3 -m rope_bwd_triton bench $args --json "$records/$gpu/$name.json" \
+      --markdown "$records/$gpu/$name.md" --plot "$records/$gpu/$name.png" 2>&1 | grep -v "s/run\|it/s" | tail -3
+    echo "$name: exit ${PIPESTATUS[0]} at $((SECONDS - t0)) s"
+    tar czf "$OUT/.records.tmp" -C $records "$gpu" && mv "$OUT/.records.tmp" "$OUT/$gpu.tar.gz"
+  done
+  python3 -m rope_bwd_triton results --release "$records/$gpu" --tests "$OUT/tests.log" "$tests_rc" \
+    --big "$OUT/tests-big.log" "$big_rc" --seconds $((SECONDS - t0)) --records "${#runs[@]}"
+  local status=$?
+  tar czf "$OUT/.records.tmp" -C $records "$gpu" && mv "$OUT/.records.tmp" "$OUT/$gpu.tar.gz"
+  return $status
+}
 rc=0
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
+    release)  release 2>&1 | tee "$OUT/release.log" ;;
     tests)    run_tests pytest.log ${PYTEST_ARGS:-} ;;
     tests-shard) ROPE_SHARD=${SHARD:?SHARD=k/n} run_tests "pytest-shard-${SHARD/\//-of-}.log" -n "${XDIST:-14}" \
                 -m "not whole_gpu" ;;

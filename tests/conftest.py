@@ -14,6 +14,11 @@ than the whole product of parameters that the CPU and GPU passes run.
 `@pytest.mark.interpret` keeps every parametrization of a test; `@pytest.mark.interpret(
 name=value or [values], ...)` those whose parameters take these values; several such marks
 keep the union. ROPE_INTERPRET_ALL=1 keeps everything.
+
+ROPE_CUDA_ONLY=1 (a GPU run: scripts/gpu.sh release) collects only what may touch CUDA: it drops
+every parametrization with a parameter on the CPU (a device of DEVICES, a fixture's param) and
+the tests marked `cpu_only`; CI runs those on every commit. A test with no device parameter
+stays unless marked: it may take a CUDA path where a GPU is present (the toolkit's commands do).
 """
 
 import os
@@ -41,6 +46,9 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers", "interpret(**params): the parametrizations collected under TRITON_INTERPRET=1 (tests/conftest.py)"
+    )
+    config.addinivalue_line(
+        "markers", "cpu_only: never takes a CUDA path, GPU or not: ROPE_CUDA_ONLY=1 leaves it out (tests/conftest.py)"
     )
     # torch.compile users would see it: dynamo traced through a cache of ours
     config.addinivalue_line(
@@ -79,11 +87,21 @@ def pytest_collection_modifyitems(config, items):
     if INTERPRET and os.environ.get("ROPE_INTERPRET_ALL") != "1":
         here = Path(__file__).parent
         _deselect(config, items, [item for item in items if item.path.parent == here and not _interpreted(item)])
+    if os.environ.get("ROPE_CUDA_ONLY") == "1":
+        _deselect(config, items, [item for item in items if cpu_only(item)])
     # ROPE_SHARD=k/n: the k-th of n shards, by a hash of each test's id (every xdist worker
     # collects the same; scripts/gpu.sh runs the suite in shards that each fit a device call)
     if os.environ.get("ROPE_SHARD"):
         k, n = map(int, os.environ["ROPE_SHARD"].split("/"))
         _deselect(config, items, [item for item in items if zlib.crc32(item.nodeid.encode()) % n != k - 1])
+
+
+def cpu_only(item) -> bool:
+    """Whether the test runs on the CPU alone wherever it runs: one of its parameters is the CPU
+    (DEVICES' "cpu", a torch.device), or it is marked cpu_only."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    on_cpu = any(isinstance(v, str | torch.device) and str(v) == "cpu" for v in params.values())
+    return on_cpu or item.get_closest_marker("cpu_only") is not None
 
 
 def _deselect(config, items, dropped):

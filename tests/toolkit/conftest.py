@@ -4,10 +4,15 @@ holds only build.toml, torch-ext/ and tests/, does not collect them (tests/conft
 none is marked kernels_ci. The package fixtures (kernel, gen) come from tests/conftest.py."""
 
 import collections
+import os
+from pathlib import Path
 
 import pytest
 
 from rope_bwd_triton import models
+from rope_bwd_triton.build import build_variants, repo_id
+
+HUB_TWINS = Path(__file__).parent / "hub_twins"  # kernels-community's layers that transformers maps
 
 
 @pytest.fixture
@@ -36,3 +41,23 @@ def rotary_calls(kernel, monkeypatch):
 
     monkeypatch.setattr(kernel.layers, "rotary_call", counted)
     return calls
+
+
+@pytest.fixture(scope="session")
+def hub_twin_builds(tmp_path_factory) -> str:
+    """The offline twins of transformers' default hub kernels (hub_twins/README.md), built once
+    per process: their LOCAL_KERNELS entries."""
+    out = tmp_path_factory.mktemp("hub_twins")
+    entries = []
+    for source in sorted(p for p in HUB_TWINS.iterdir() if (p / "build.toml").is_file()):
+        build_variants(root=source, out=out / source.name / "build")
+        entries.append(f"{repo_id(source)}={out / source.name}")
+    return ":".join(entries)
+
+
+@pytest.fixture
+def hub_twins(hub_twin_builds, monkeypatch) -> str:
+    """LOCAL_KERNELS names the twins too: kernels loads them for kernels-community's repo ids,
+    offline, wherever transformers (or a test) asks."""
+    monkeypatch.setenv("LOCAL_KERNELS", f"{os.environ['LOCAL_KERNELS']}:{hub_twin_builds}")
+    return hub_twin_builds

@@ -7,12 +7,15 @@ load tiny models with `from_pretrained` as users do, a decoder (Llama) and a vis
 (Qwen3-VL: its vision encoder's rotary and its decoder's), kernelize them as the README says, and
 count the package's calls at every forward: each rotary of the model runs the package's layer,
 and the results are eager transformers' (float32, within 1e-5). On CUDA, transformers' default
-mapping asks the Hub for kernels-community/rotary first: the Hub is unreachable here, as in CI
-(`hub_offline`).
+mapping asks the Hub for kernels-community's kernels (rotary, RMSNorm, activations): the Hub is
+unreachable here, as in CI (`hub_offline`), and their offline twins (hub_twins/README.md) serve
+them through LOCAL_KERNELS, so that transformers' defaults load there as they do with the Hub.
 """
 
 import copy
 import importlib
+import inspect
+import sys
 import warnings
 
 import pytest
@@ -21,7 +24,7 @@ from kernels import Mode
 
 from rope_bwd_triton import models
 
-from ..helpers import DEVICES, REPO_ID
+from ..helpers import DEVICES, HAS_CUDA, REPO_ID
 from ..reference import rel_err
 
 TOL = 1e-5  # float32 results of two correct rotaries through a tiny model
@@ -63,23 +66,19 @@ def saved(tmp_path):
 
 
 @pytest.fixture
-def load(saved, hub_offline):
+def load(saved, hub_offline, request):
     """from_pretrained of the saved model, as users load it (transformers' defaults unless told).
     On CUDA with transformers' kernels on, its default mapping loads kernels-community's CUDA
-    kernels (activations, rotary) at from_pretrained, and kernels raises where the Hub is
+    kernels (activations, RMSNorm, rotary) at from_pretrained, and kernels raises where the Hub is
     unreachable (offline: not cached; refused: its publisher check), before this package runs:
-    there the model loads with use_kernels=False, the flow that works without the Hub."""
+    there their offline twins serve (`hub_twins`)."""
 
     def loaded(family, device="cpu", **kwargs):
-        if device == "cuda" and "kernel_config" not in kwargs:
-            kwargs["use_kernels"] = False
+        if device == "cuda":
+            request.getfixturevalue("hub_twins")
         return type(make(family)).from_pretrained(saved(family), device_map=device, **kwargs)
 
     return loaded
-
-
-def kernels_on_need_the_hub(device, how) -> bool:
-    return device == "cuda" and how in ("defaults", "use_kernels=True")
 
 
 @pytest.fixture
@@ -117,7 +116,7 @@ def to(inputs, device):
 
 @pytest.mark.parametrize(
     "device,how",
-    [(d, h) for d in DEVICES for h in [*LOADS, "USE_HUB_KERNELS=0"] if not kernels_on_need_the_hub(d, h)],
+    [(d, h) for d in DEVICES for h in [*LOADS, "USE_HUB_KERNELS=0"]],
 )
 @pytest.mark.parametrize("family", FAMILIES)
 def test_loaded_model_keeps_the_layers_through_train_and_eval(
@@ -131,7 +130,7 @@ def test_loaded_model_keeps_the_layers_through_train_and_eval(
     eager = load(family, device, use_kernels=False)
     model = load(family, device, **LOADS.get(how, {}))
     if how != "defaults":
-        assert model.use_kernels == (how == "use_kernels=True")  # (on CUDA: False, load's docstring)
+        assert model.use_kernels == (how == "use_kernels=True")
     integrations.kernelize_rotary(model, mode=Mode.TRAINING, device=device)
     inputs = to(batch(model, family, seed=1), device)
     with warnings.catch_warnings():
@@ -358,3 +357,164 @@ def test_deep_copies_keep_the_layers(kernel, integrations, load, rotary_calls):
     for switch in ("eval", "train"):
         getattr(twin, switch)()
         assert_runs_ours(kernel, twin, inputs, rotary_calls, backward=switch == "train")
+
+
+# transformers' default hub kernels, served offline by their twins (hub_twins/README.md)
+
+HUB_LAYERS = {
+    "llama": {"rotary_pos_emb", "RMSNorm", "SiLU"},
+    "qwen3_vl": {"rotary_pos_emb", "RMSNorm", "SiLU", "GeluTanh"},
+}
+
+
+def cuda_mapping(names) -> dict:
+    """transformers' own default mapping of these layer names on CUDA: {name: {mode: repository}}."""
+    from transformers.integrations.hub_kernels import get_kernel_mapping_transformers
+
+    return {name: get_kernel_mapping_transformers()[name]["cuda"] for name in names}
+
+
+def hub_rotary(hub_twins):
+    """The module of the rotary twin's layer, as kernels loads it for kernels-community/rotary."""
+    import kernels
+
+    return sys.modules[kernels.get_kernel("kernels-community/rotary", version=2).layers.__name__]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_twins_serve_transformers_cuda_mapping_offline(hub_twins, hub_offline, family):
+    """Every layer the test models map on CUDA (their kernel_layer_name, and the rotary's
+    `rotary_pos_emb`), in every mode transformers maps it for, loads offline from a twin: the
+    repository, version and layer name transformers asks for, through LOCAL_KERNELS."""
+    names = {getattr(type(m), "kernel_layer_name", None) for m in make(family).modules()} - {None}
+    assert names | {"rotary_pos_emb"} == HUB_LAYERS[family]
+    twins = [entry.split("=", 1)[1] for entry in hub_twins.split(":")]
+    for name, repos in cuda_mapping(HUB_LAYERS[family]).items():
+        assert repos
+        for repo in repos.values():
+            layer = repo.load()
+            assert layer.__name__ == repo.layer_name
+            assert any(inspect.getfile(layer).startswith(twin) for twin in twins), (name, inspect.getfile(layer))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_hub_rotary_twin_rotates_a_copy_without_a_backward(hub_twins, gen, device):
+    """kernels-community/rotary's transformers layer, as the twin has it: the rotation of
+    transformers' apply_rotary_pos_emb (float64 reference), q and k left as they were, and no
+    backward: the gradient passes through unrotated, far from the true one."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    layer = hub_rotary(hub_twins).apply_rotary_transformers()
+    freqs = torch.randn(2, 9, 8, generator=gen)
+    q, k = torch.randn(2, 4, 9, 16, generator=gen), torch.randn(2, 2, 9, 16, generator=gen)
+    q, k, cos, sin = (t.to(device) for t in (q, k, torch.cat([freqs] * 2, -1).cos(), torch.cat([freqs] * 2, -1).sin()))
+    before = q.clone(), k.clone()
+    q.requires_grad_(), k.requires_grad_()
+    got = layer(q, k, cos, sin)
+    exact = [t.detach().double().requires_grad_(t.requires_grad) for t in (q, k, cos, sin)]
+    want = apply_rotary_pos_emb(*exact)
+    assert all(rel_err(g, w) < 1e-6 for g, w in zip(got, want))
+    assert torch.equal(q.detach(), before[0]) and torch.equal(k.detach(), before[1])
+    upstream = [torch.randn(t.shape, generator=gen).to(device) for t in got]
+    grads = torch.autograd.grad(got, (q, k), upstream)
+    true = torch.autograd.grad(want, exact[:2], [u.double() for u in upstream])
+    assert all(torch.equal(g, u) for g, u in zip(grads, upstream))
+    assert all(rel_err(g, t) > 0.1 for g, t in zip(grads, true))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_norm_and_activation_twins_compute_transformers_layers(hub_twins, gen, device):
+    """The twins of LigerRMSNorm (with its backward), Silu and GeluTanh against transformers'
+    layers evaluated in float64."""
+    import kernels
+    from transformers.activations import ACT2FN
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(24, eps=1e-6).to(device)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(24, generator=gen))
+    x = torch.randn(3, 5, 24, generator=gen).to(device).requires_grad_()
+    liger = kernels.get_kernel("kernels-community/liger-kernels", version=4).layers.LigerRMSNorm
+    got = liger.forward(norm, x)  # as kernels runs it: the layer's forward over the replaced module
+    norm64, x64 = copy.deepcopy(norm).double(), x.detach().double().requires_grad_()
+    want = norm64(x64)
+    assert rel_err(got, want) < 1e-6
+    upstream = torch.randn(got.shape, generator=gen).to(device)
+    grads = torch.autograd.grad(got, (x, norm.weight), upstream)
+    true = torch.autograd.grad(want, (x64, norm64.weight), upstream.double())
+    assert all(rel_err(g, t) < 1e-5 for g, t in zip(grads, true))
+    activation = kernels.get_kernel("kernels-community/activation", version=1).layers
+    for layer, act in ((activation.Silu, "silu"), (activation.GeluTanh, "gelu_pytorch_tanh")):
+        assert rel_err(layer()(x.detach()), ACT2FN[act](x64.detach())) < 1e-6, act
+
+
+def hub_kernelized(load, family, device):
+    """A model trained with transformers' default hub kernels on and the package not asked for:
+    on CUDA transformers' own loading (defaults, the twins serving); on the CPU, where its mapping
+    has none of them, kernels.kernelize with that CUDA mapping for the CPU."""
+    if device == "cuda":
+        model = load(family, device)
+        model.train()
+        return model
+    from kernels import kernelize, use_kernel_mapping
+
+    model = load(family, device, use_kernels=False)  # transformers would kernelize again at train()
+    model.train()
+    with use_kernel_mapping(
+        {n: {"cpu": r} for n, r in cuda_mapping(HUB_LAYERS[family]).items()}, inherit_mapping=False
+    ):
+        kernelize(model, device="cpu", mode=Mode.TRAINING)
+    return model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_without_kernelize_rotary_the_hub_rotary_runs_and_its_gradients_are_wrong(
+    kernel, integrations, load, rotary_calls, hub_twins, monkeypatch, family, device
+):
+    """Loaded with transformers' hub kernels and trained without this package: the hub rotary
+    runs at every rotary, the loss is eager's, and the gradients are wrong (it has no backward).
+    kernelize_rotary then puts the package's layer in its place: every gradient is eager's."""
+    twin = hub_rotary(hub_twins)
+    hub_calls = []
+    real = twin.rotate_copy
+    monkeypatch.setattr(twin, "rotate_copy", lambda *a: hub_calls.append(1) or real(*a))
+    eager = load(family, device, use_kernels=False)
+    model = hub_kernelized(load, family, device)
+    eager.train()
+    inputs = to(batch(model, family, seed=9), device)
+
+    def gradients(m):
+        m.zero_grad(set_to_none=True)
+        loss = m(**inputs).loss
+        loss.backward()
+        return loss, {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+    ref_loss, ref = gradients(eager)
+    loss, got = gradients(model)
+    hub = len(hub_calls)  # q and k at each decoder rotary (transformers maps no vision rotary)
+    assert hub and hub % 2 == 0 and sum(rotary_calls.values()) == 0
+    assert rel_err(loss.detach(), ref_loss.detach()) < TOL  # the forward is right
+    assert set(got) == set(ref) and max(rel_err(got[n], ref[n]) for n in ref) > 1e-2
+    integrations.kernelize_rotary(model, mode=Mode.TRAINING, device=device)
+    loss, got = gradients(model)
+    assert len(hub_calls) == hub and sum(rotary_calls.values()) == len(integrations.kernelized_layers(model))
+    assert rel_err(loss.detach(), ref_loss.detach()) < TOL
+    assert all(rel_err(got[n], ref[n]) < TOL for n in ref), [n for n in ref if rel_err(got[n], ref[n]) >= TOL]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_from_pretrained_with_transformers_defaults_on_cuda_without_the_hub(load, rotary_calls, family):
+    """transformers' defaults on CUDA (its kernels on) load without the Hub: each of its default
+    hub kernels the model maps is kernelized from its twin, and a forward runs."""
+    from kernels import get_kernelized_layers
+
+    assert HAS_CUDA
+    model = load(family, "cuda")
+    assert model.use_kernels
+    repos = {str(layer.repo) for layer in get_kernelized_layers(model).layers.values()}
+    for repo_id in ("kernels-community/rotary", "kernels-community/activation"):
+        assert any(repo_id in r for r in repos), repos
+    with torch.no_grad():
+        assert torch.isfinite(model(**to(batch(model, family, seed=10), "cuda")).loss)

@@ -13,10 +13,14 @@ import torch
 from rope_bwd_triton import REPO_ROOT, tune
 from rope_bwd_triton.load import submodule
 
-from ..helpers import INTERPRETER_LOOPS, interpreter_runs_loops
+from ..helpers import HAS_CUDA, INTERPRETER_LOOPS, interpreter_runs_loops
 from ..test_tuning import _clear
 
 SEARCHED = ("BLOCK_S", "BLOCK_D", "BLOCK_R", "num_warps")
+# Where the tune command runs whole: on the CPU in Triton's interpreter (CI), else on the GPU, so
+# that an image whose interpreter cannot loop (Triton 3.6 under NumPy >= 2.4) runs these tests too.
+TUNE_DEVICE = "cpu" if interpreter_runs_loops() else "cuda"
+tunes_here = pytest.mark.skipif(TUNE_DEVICE == "cuda" and not HAS_CUDA, reason=INTERPRETER_LOOPS)
 
 
 def _pow2(n):
@@ -27,6 +31,7 @@ def _next_pow2(n):
     return 1 << max(0, (n - 1).bit_length())
 
 
+@pytest.mark.cpu_only  # a function of integers
 @pytest.mark.parametrize("n_sm", [132, 8])
 @pytest.mark.parametrize("R", [2, 17, 32, 130])
 @pytest.mark.parametrize("D", [2, 16, 72, 80, 128, 256])
@@ -96,10 +101,11 @@ def test_tune_writes_into_its_tritons_table(tmp_path):
     assert tables["3.10"] == {"a": {"BLOCK_S": 1}, "b": {"BLOCK_S": 4}, "c": {"BLOCK_S": 8}}
 
 
-def _tune(tmp_path, *options, device="cpu"):
+def _tune(tmp_path, *options, device=TUNE_DEVICE):
     """Run the tune command on one bucket (bwd fp32, head_dim 16, 2+2 heads, S=5) writing into
-    tmp_path (as <device>.json: the file of a GPU named so); returns its Triton's table and the log."""
-    out, log = tmp_path / f"{device}.json", tmp_path / "log.json"
+    tmp_path (as the device's file: cpu.json, or the GPU's); returns its Triton's table and the log."""
+    name = "cpu" if device == "cpu" else torch.cuda.get_device_name(device).replace(" ", "_").replace("/", "_")
+    out, log = tmp_path / f"{name}.json", tmp_path / "log.json"
     cmd = [
         sys.executable,
         "-m",
@@ -140,29 +146,30 @@ BUCKET = ("bwd", 5, 4, 16, 4)  # tuning.bucket() arguments of _tune's bucket
 GRID_16 = {(bs, 8, br, w) for bs in tune.BLOCK_S for br in (2, 4) for w in tune.NUM_WARPS}
 
 
-@pytest.mark.skipif(not interpreter_runs_loops(), reason=INTERPRETER_LOOPS)
+@tunes_here
 @pytest.mark.parametrize("search", [[], ["--grid"]], ids=["coordinate", "grid"])
 def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path, search):
-    """The whole tune path on the CPU, in Triton's interpreter (timings meaningless);
-    the package then finds the written bucket."""
+    """The whole tune path (on the CPU in Triton's interpreter, timings meaningless, or on the
+    GPU: TUNE_DEVICE); the package then finds the written bucket."""
     table, log = _tune(tmp_path, *search)
     t = submodule(kernel, "tuning")
     key = t.bucket(*BUCKET)
     assert list(table) == [key] and set(table[key]) == set(SEARCHED)
     assert log["buckets"][key]["tried"] and not log["not_tuned"] and "precompile" not in log
-    assert log["meta"]["command"].startswith("python -m rope_bwd_triton tune ") and log["meta"]["gpu"] is None
+    assert log["meta"]["command"].startswith("python -m rope_bwd_triton tune ")
+    assert (log["meta"]["gpu"] is None) == (TUNE_DEVICE == "cpu")
     if search:
         assert GRID_16 <= {tuple(c[k] for k in SEARCHED) for c in log["buckets"][key]["tried"]}
 
     monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
     _clear(t)
     try:
-        assert t.get_config("bwd", 5, 2, 2, 16, 4, torch.device("cpu")) == table[key]
+        assert t.get_config("bwd", 5, 2, 2, 16, 4, torch.device(TUNE_DEVICE)) == table[key]
     finally:
         _clear(t)
 
 
-@pytest.mark.skipif(not interpreter_runs_loops(), reason=INTERPRETER_LOOPS)
+@tunes_here
 def test_tune_for_sdpa_gradient_layout_writes_entries_of_its_own(kernel, tmp_path):
     """--layout sdpa times the backward on upstream gradients laid out as sdpa returns them and
     writes the bucket's entry for that layout (test_layout_entries_take_precedence_and_fall_back:
@@ -183,7 +190,7 @@ def test_shared_search_writes_to_the_bucket_of_every_size(kernel):
     ]
 
 
-@pytest.mark.skipif(not interpreter_runs_loops(), reason=INTERPRETER_LOOPS)
+@tunes_here
 def test_tune_shared_ranked_by_span_writes_where_it_says(kernel, tmp_path):
     """The command with --shared and the span timer's code path: its log names the keys written."""
     table, log = _tune(tmp_path, "--shared", "--timer", "span")
