@@ -160,3 +160,17 @@ def _calls(function):
 
 def _local_repo(kernel, name):
     return next(iter(kernel.kernel_mapping()[name]["cpu"].values()))
+
+
+def test_check_rotaries_names_what_runs(kernel, integrations, recwarn):
+    """check_rotaries on a model, before any route: each rotary function it calls, with the
+    package's layer for its variant (GPT-OSS's table of one value per pair under Llama's hook
+    name; DINOv3's prefix), without a warning; its answer is what the layers then run."""
+    gpt = models.make_decoder_model("gpt_oss")
+    assert kernel.check_rotaries(gpt) == {"gpt_oss.apply_rotary_pos_emb": "ApplyRotaryPosEmbPairTablePromoted"}
+    assert kernel.check_rotaries(models.make_dinov3()) == {
+        "dinov3_vit.apply_rotary_pos_emb": "ApplyRotaryPosEmbPrefixPromoted"
+    }
+    assert not [w for w in recwarn if "rope-bwd" in str(w.message)]
+    own = models.modeling_module("gpt_oss").apply_rotary_pos_emb
+    assert kernel.layers.serving(own) == kernel.layers.VARIANTS[-4]

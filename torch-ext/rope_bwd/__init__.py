@@ -4,6 +4,7 @@ functions in ops.py; the math in PyTorch in rotary_torch.py)."""
 
 from . import integrations, layers
 from .integrations import (
+    check_rotaries,
     kernel_config,
     kernel_mapping,
     kernelize_rotary,
@@ -16,6 +17,7 @@ from .ops import apply_rotary_pos_emb, apply_rotary_pos_emb_vision, rope_bwd, ro
 __all__ = [
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_vision",
+    "check_rotaries",
     "integrations",
     "kernel_config",
     "kernel_mapping",

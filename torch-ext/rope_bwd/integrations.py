@@ -363,6 +363,35 @@ def kernelize_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, versio
     return model
 
 
+def check_rotaries(model) -> dict:
+    """What runs each rotary function `model`'s attention modules call, by
+    "<family>.<function>": the package's layer for the function's variant, or, where it is none
+    of the variants, the reason transformers' own function runs (with a warning). The layers
+    make the same choice at their first call, whatever route mapped them (kernelize_rotary,
+    kernel_config, kernel_mapping registered for kernels.kernelize, a KernelConfig written by
+    hand); this makes it up front, so that a first call traced by torch.compile finds it made."""
+    found = {}
+    for family in families_in(model):
+        module = _modeling_module(family)
+        for name in NAMES:
+            function = getattr(module, name, None)
+            if function is None or not _attention_classes(module, name):
+                continue
+            if isinstance(function, nn.Module):  # a kernels layer of the function
+                served = layers.serving(function)
+            else:
+                try:
+                    served = classify(function, f"{module.__name__}.{name}")
+                except ValueError as e:
+                    served = layers.Unsupported(function, str(e))
+            if isinstance(served, Variant):
+                found[f"{family}.{name}"] = served.layer_name
+            else:
+                found[f"{family}.{name}"] = served.reason
+                warnings.warn(f"rope-bwd: transformers' own function runs: {served.reason}", stacklevel=2)
+    return found
+
+
 # The name of the first release of version 1, which served the vision encoders alone.
 kernelize_vision_rotary = kernelize_rotary
 
