@@ -107,7 +107,8 @@ def test_families_are_found_and_classified(kernel):
     assert set(FAMILIES) <= set(found) and {"qwen2_vl", "qwen2_5_vl", "glm4v", "qwen3_vl"} <= set(found)
     for family in found:
         variant = integrations.classify(models.modeling_module(family).apply_rotary_pos_emb_vision)
-        assert variant.form == "vision" and variant[1:] == VARIANTS.get(family, ("halves", "kept")), family
+        assert variant.form == "vision" and variant[1:3] == VARIANTS.get(family, ("halves", "kept")), family
+        assert variant[3:] == ("channel", "first"), family
         assert variant.layer_name in integrations.LAYER_NAMES and hasattr(kernel.layers, variant.layer_name)
 
 
