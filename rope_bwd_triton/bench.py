@@ -1,4 +1,4 @@
-"""`python -m rope_bwd_triton bench --preset suite|realcall|decoder|decode|copybound`: verify, then time.
+"""`python -m rope_bwd_triton bench --preset suite|realcall|decoder|decode|families|copybound`: verify, then time.
 
 Presets (each a set of defaults; an option given on the command line wins):
     suite      ours and the peers against the byte floor, per task, on the 16 public
@@ -48,6 +48,8 @@ PRESETS = {
     "decode": dict(seq_lens=[1, 2048], models=list(models.DECODER_NAMES), batches=[1, 8, 64], calls=40, rounds=6,
                    timer="span", dtypes=["bfloat16"], layouts=["none"], peers=["compile", "transformers"],
                    verify_tokens=2048),
+    "families": dict(models=list(realcall.FAMILY_CALLS), calls=40, rounds=6, timer="span", dtypes=["bfloat16"],
+                     peers=["copy", "compile", "transformers"], verify_tokens=2048),
 }  # fmt: skip
 PRESETS["copybound"] = dict(PRESETS["suite"], set="suite", peers=["copy"], calls=20)
 QUICK = dict(seq_lens=[8, 33], heads=2, head_dims=[16], calls=3, copy_mib=16)
@@ -58,10 +60,10 @@ QUICK_DECODE = dict(seq_lens=[1, 8], batches=[1, 2], calls=3, rounds=2)
 # exercise the path; the demo shows the verification and the recorded H200 figures there (nogpu.py).
 CPU_COPY_MIB, CPU_CALLS = 16, 3
 SUITE_ENGINE = ("suite", "copybound")
-REAL_CALLS = ("realcall", "decoder", "decode")  # realcall.py measures them
+REAL_CALLS = ("realcall", "decoder", "decode", "families")  # realcall.py measures them
 ONLY = {"set": SUITE_ENGINE, "tasks": SUITE_ENGINE, "copy_mib": SUITE_ENGINE, "dtypes": REAL_CALLS,
         "layouts": REAL_CALLS, "variants": ("realcall",), "heads": ("suite", "realcall", "copybound"),
-        "head_dims": ("suite", "realcall", "copybound"), "models": ("decoder", "decode"),
+        "head_dims": ("suite", "realcall", "copybound"), "models": ("decoder", "decode", "families"),
         "batches": ("decoder", "decode")}  # fmt: skip
 
 
@@ -78,7 +80,8 @@ def add_arguments(parser):
     parser.add_argument("--layouts", nargs="+", choices=realcall.LAYOUTS, help="realcall, decoder: the upstream "
                         "gradient, sdpa's [B, H, S, D] (realcall: seen as [S, H, D]) or flash-attention's [B, S, H, D] "
                         "(decoder default: sdpa)")  # fmt: skip
-    parser.add_argument("--models", nargs="+", choices=models.DECODER_NAMES, help="decoder, decode: whose heads (all)")
+    parser.add_argument("--models", nargs="+", choices=(*models.DECODER_NAMES, *realcall.FAMILY_CALLS),
+                        help="decoder, decode: whose heads; families: whose call (all)")  # fmt: skip
     parser.add_argument("--batches", type=cli.positive_int, nargs="+", help="decoder, decode: batches (1 4; 1 8 64)")
     parser.add_argument("--untuned", action="store_true", help="default_config, not the GPU's tuned table")
     parser.add_argument("--variants", nargs="+", choices=realcall.VARIANTS, help="realcall: the rotary forms families "

@@ -42,6 +42,20 @@ PEERS = ("copy", "compile", "liger", "transformers")
 VARIANTS = ("halves", "interleaved", "partial", "bf16-tables")
 DECODER_SEQ_LENS = (2048, 8192, 32768)
 BATCHES = (1, 4)
+# The families preset: name -> (transformers family, query heads, key/value heads, head_dim, table
+# width, prefix tokens), each family's released call: GPT-OSS-120B's attention (a table value per
+# pair), DeepSeek-V4's (one tensor per call: q, then the one key/value head; a 64-channel rope
+# slice, 32 pairs, at the end of each head of 512), DINOv3 ViT-L's (its class and 4 register tokens
+# pass through).
+FAMILY_CALLS = {
+    "gpt-oss": ("gpt_oss", 64, 8, 64, 32, 0),
+    "deepseek-v4": ("deepseek_v4", 64, 1, 512, 32, 0),
+    "dinov3-vitl": ("dinov3_vit", 16, 16, 64, 64, 5),
+}
+# (name, B, S): decoders at B = 1; DINOv3 on 32 images of 224 and of 512 pixels (patches of 16)
+FAMILY_WORKLOADS = [("gpt-oss", 1, 2048), ("gpt-oss", 1, 8192), ("deepseek-v4", 1, 2048), ("deepseek-v4", 1, 8192),
+                    ("dinov3-vitl", 32, 14 * 14 + 5), ("dinov3-vitl", 32, 32 * 32 + 5)]  # fmt: skip
+QUICK_FAMILY_WORKLOADS = [("gpt-oss", 1, 8), ("deepseek-v4", 2, 5), ("dinov3-vitl", 2, 9)]
 
 
 def make_inputs(S, H, D, dtype, layout, device, generator, variant="halves"):
@@ -84,6 +98,46 @@ def make_decoder_inputs(B, S, HQ, HK, D, dtype, layout, device, generator):
     q, k = heads(HQ).requires_grad_(), heads(HK).requires_grad_()
     return {"q": q, "k": k, "cos": emb.cos().to(dtype), "sin": emb.sin().to(dtype), "gq": heads(HQ, True),
             "gk": heads(HK, True)}  # fmt: skip
+
+
+def make_family_inputs(name, B, S, dtype, device, generator):
+    """A FAMILY_CALLS family's call: q [B, HQ, S, D] and k [B, HK, S, D] (leaf views of the
+    projections), its tables in `dtype` ([B, S, width], DINOv3's [S - prefix, width]), and the
+    upstream gradients [B, H, S, D] (sdpa's)."""
+    import torch
+
+    _, HQ, HK, D, width, prefix = FAMILY_CALLS[name]
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dt)
+
+    q, k = (rnd(B, S, H * D).view(B, S, H, D).transpose(1, 2).requires_grad_() for H in (HQ, HK))
+    angles = rnd(S - prefix, width, dt=torch.float32) if prefix else rnd(B, S, width, dt=torch.float32)
+    return {"q": q, "k": k, "cos": angles.cos().to(dtype), "sin": angles.sin().to(dtype), "gq": rnd(B, HQ, S, D),
+            "gk": rnd(B, HK, S, D)}  # fmt: skip
+
+
+def family_functions(kernel, name):
+    """(ours, transformers') fn(q, k, cos, sin) -> (q_embed, k_embed) of a FAMILY_CALLS family: ours
+    the package's layer of the family's variant, a function of one tensor called for each."""
+    from .models import modeling_module, plain_function
+
+    own = plain_function(modeling_module(FAMILY_CALLS[name][0]).apply_rotary_pos_emb)
+    layer = getattr(kernel.layers, kernel.variants.classify(own).layer_name)()
+    if FAMILY_CALLS[name][0] == "deepseek_v4":
+        return tuple((lambda f: lambda q, k, c, s: (f(q, c, s), f(k, c, s)))(f) for f in (layer, own))
+    return layer, own
+
+
+def family_reference(x, own, rows, S):
+    """(q_embed, k_embed, dq, dk) on token rows (pick_rows) by float64 autograd of the family's own
+    function, on the inputs' device."""
+    import torch
+
+    leaves = [x[n].detach().double().requires_grad_() for n in ("q", "k")]
+    outs = own(*leaves, x["cos"].double(), x["sin"].double())
+    grads = torch.autograd.grad(outs, leaves, [x["gq"].double(), x["gk"].double()])
+    return [pick_rows(t.detach(), rows, S).cpu() for t in (*outs, *grads)]
 
 
 def private_copy(x):
@@ -231,6 +285,10 @@ def reference(x, rows, interleaved=False, S=None):
 def workloads(args):
     """(variant, dtype, (model, HQ, HK, D), layout, B, S) of the run; model and B are None for the
     vision call ([S, H, D] tensors, HQ = HK = --heads)."""
+    if args.preset == "families":
+        work = QUICK_FAMILY_WORKLOADS if args.quick else FAMILY_WORKLOADS
+        return [("halves", dt, (name, *FAMILY_CALLS[name][1:4]), "sdpa", B, S) for dt in args.dtypes
+                for name, B, S in work if name in args.models]  # fmt: skip
     if args.preset in ("decoder", "decode"):
         from .models import decoder_shapes
 
@@ -264,9 +322,10 @@ def measure(args, kernel, others=()) -> dict:
 
     device = torch.device(args.device)
     timer = ColdL2Timer(device, calls=args.calls, primary=args.timer)
-    decoder, step = args.preset in ("decoder", "decode"), args.preset == "decode"
+    decoder, step = args.preset in ("decoder", "decode", "families"), args.preset == "decode"
     variants = args.variants or ["halves"]
     impls = {v: implementations(kernel, others, set(args.peers), v, decoder) for v in variants}
+    families = {name: family_functions(kernel, name) for name in args.models} if args.preset == "families" else {}
     todo = workloads(args)
     shape = dict(models=args.models, batches=args.batches) if decoder else dict(heads=args.heads)
     meta = run_meta(device, kernel=kernel, timer=timer, rounds=args.rounds, ab=[str(p) for p in args.ab or ()],
@@ -277,19 +336,29 @@ def measure(args, kernel, others=()) -> dict:
         for variant, dtype_name, (model, H, HK, D), layout, B, S in todo:
             dtype = getattr(torch, dtype_name)
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + S * 1009 + D + 31 * (B or 0))
-            if decoder:
+            if model in families:
+                x = make_family_inputs(model, B, S, dtype, device, gen)
+            elif decoder:
                 x = make_decoder_inputs(B, S, H, HK, D, dtype, layout, device, gen)
             else:
                 x = make_inputs(S, H, D, dtype, layout, device, gen, variant)
             rows = suite.verify_rows(S * (B or 1), args.verify_tokens, args.seed + S)
-            refs = reference(x, rows, variant == "interleaved", S if decoder else None)
+            if model in families:
+                refs = family_reference(x, families[model][1], rows, S)
+            else:
+                refs = reference(x, rows, variant == "interleaved", S if decoder else None)
             nbytes = floor_bytes(x)
             entry = {"variant": variant, "dtype": dtype_name, "D": D, "layout": layout, "S": S, "H": H}
             if decoder:
                 entry.update(model=model, HK=HK, B=B)
             entry.update(bytes=sum(nbytes.values()), results={})
+            fns = {n: fn for n, (_, fn) in impls[variant].items()}
+            if model in families:  # the family's own function, and torch.compile of it
+                ours, own = families[model]
+                fns = {"ours": ours} | {n: own if n == "transformers" else compiled_family(model, own) for n in fns
+                                        if n in ("compile", "transformers")}  # fmt: skip
             calls = {name: FwdBwd(fn, private_copy(x) if name == "liger" else x, not step)
-                     for name, (_, fn) in impls[variant].items()}  # fmt: skip
+                     for name, fn in fns.items()}  # fmt: skip
             if "copy" in args.peers:
                 calls["copy"] = Copies(nbytes, device)
             checks, outcome = {}, {}  # outcome: the exception a call raised, else its Stats
@@ -331,6 +400,18 @@ def measure(args, kernel, others=()) -> dict:
     if "copy" in args.peers:
         labels["copy"] = "copy of the same bytes (2 launches)"
     return {"meta": meta, "labels": labels, "workloads": rows_out}
+
+
+_COMPILED = {}
+
+
+def compiled_family(name, own):
+    """torch.compile of a family's function, once per family."""
+    if name not in _COMPILED:
+        from .peers import compiled
+
+        _COMPILED[name] = compiled(own)
+    return _COMPILED[name]
 
 
 def _us(entry, name, figure="mean_us"):
@@ -378,6 +459,10 @@ def _markdown(run) -> str:
     if meta.get("preset") == "decode":
         call = ("Decode step (the decoders' call, forward only under no grad: q/k views of the projections, cos/sin "
                 "[B, S, D] in q's dtype); us: GPU, wall us: per call in a loop")  # fmt: skip
+    elif meta.get("preset") == "families":
+        call = ("Families' own calls (GPT-OSS: a table value per pair; DeepSeek-V4: one tensor, a rope slice at "
+                "the end of each head; DINOv3: prefix tokens passed through; q/k views of the projections, forward "
+                "+ backward of q and k), against their own function eager and compiled")  # fmt: skip
     elif "models" in meta:
         call = ("Decoder call (q/k views of the q and k projections, cos/sin [B, S, D] in q's dtype without "
                 "gradient, forward + backward of q and k)")  # fmt: skip

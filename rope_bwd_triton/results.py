@@ -3,7 +3,7 @@ release records, never by hand.
 
 A release run (`bash scripts/gpu.sh release` on a GPU machine) leaves one folder per GPU,
 unpacked into benchmarks/<gpu>/: release.json (its tests and the versions), and the bench
-records bench (the suite preset), realcall, decoder and decode, with their -untuned twins where
+records bench (the suite preset), realcall, decoder, decode and families, with their -untuned twins where
 the GPU has a tuned table. From those files this command writes
     - RESULTS.md's section of each GPU, between `<!-- results:<gpu>:start -->` and its end marker;
     - the README's performance table, between `<!-- performance:start -->` and its end marker,
@@ -24,7 +24,7 @@ from pathlib import Path
 from . import REPO_ROOT, cli, output
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
-RECORDS = ("bench", "realcall", "decoder", "decode")
+RECORDS = ("bench", "realcall", "decoder", "decode", "families")
 COUNTS = ("passed", "failed", "errors", "skipped")
 
 
@@ -209,7 +209,8 @@ def gpu_section(gpu: str, records: dict, rel: str) -> str:
     else:
         lines += ["No release run on this GPU yet: `ROPE_COMMIT=<hash> bash scripts/gpu.sh release`.", ""]
     titles = {"bench": "The suite: SOL-ExecBench 019's workloads", "realcall": "The real call (vision encoders)",
-              "decoder": "The decoders' call", "decode": "The decode step"}  # fmt: skip
+              "decoder": "The decoders' call", "decode": "The decode step",
+              "families": "GPT-OSS's, DeepSeek-V4's and DINOv3's own calls"}  # fmt: skip
     for record, title in titles.items():
         for suffix, how in (("", ""), ("-untuned", ", default_config (--untuned)")):
             run = records.get(record + suffix)

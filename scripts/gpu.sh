@@ -10,7 +10,7 @@
 #             the rest) on XDIST workers (14), then the whole_gpu tests alone, then the records,
 #             tuned and, where the GPU has a tuned table, --untuned: the suite preset's 16 public
 #             workloads, realcall, decoder, decode. $OUT gets tests.log, tests-big.log,
-#             release.log and <gpu>.tar.gz (release.json; bench, realcall, decoder, decode and their
+#             release.log and <gpu>.tar.gz (release.json; bench, realcall, decoder, decode, families and their
 #             -untuned twins, each as json, md and png), each as soon as its step ends; the last
 #             line sums up. Unpack the tar into benchmarks/, then `python -m rope_bwd_triton results`
 #             writes RESULTS.md's section of that GPU and the README's performance table from it
@@ -72,7 +72,7 @@ run_tests() {  # run_tests <log name under $OUT> [pytest options]
   ROPE_EXPECT_CUDA=1 python3 -m pytest -q -rs -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT/$1" | tail -40
 }
 release() {  # the release stage (header); its own log, summary and deadline
-  local t0=$SECONDS budget=${RELEASE_BUDGET:-560} reserve=${RELEASE_RECORDS:-240} gpu table records=/tmp/release
+  local t0=$SECONDS budget=${RELEASE_BUDGET:-560} reserve=${RELEASE_RECORDS:-265} gpu table records=/tmp/release
   left() {  # left <cap> [reserve]: seconds for a step, at most cap, keeping reserve for later steps
     local l=$((budget - (SECONDS - t0) - ${2:-0}))
     echo $(($1 < l ? $1 : (l > 1 ? l : 1)))
@@ -93,8 +93,9 @@ print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').l
   local runs=(  # name, seconds at most, bench arguments
     "bench 70 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy,compile,eager"
     "realcall 70 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy,compile,liger"
-    "decoder 45 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy,compile,liger,transformers"
-    "decode 40 --preset decode"
+    "decoder 40 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy,compile,liger,transformers"
+    "decode 35 --preset decode"
+    "families 50 --preset families --peers copy,compile"
   )
   if [ -f "torch-ext/rope_bwd/configs/$table.json" ]; then  # default_config against the table, a copy beside it
     runs+=("bench-untuned 30 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy --untuned"

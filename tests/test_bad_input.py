@@ -148,7 +148,7 @@ def _not_tensor(args, name, gen):
 def _odd_head_dim(args, name, gen):
     for n, t in args.items():
         args[n] = t[..., :-1]
-    return ValueError, r"q head_dim \(last dimension\) must be even and in 2\.\.256, got 7"
+    return ValueError, r"q head_dim \(last dimension\) must be even and in 2\.\.512, got 7"
 
 
 def _table_width(R):
@@ -169,8 +169,8 @@ def _table_mismatch(args, name, gen):
 
 def _big_head_dim(args, name, gen):
     for n, t in args.items():
-        args[n] = rnd(gen, t.device, *t.shape[:-1], 258)
-    return ValueError, r"q head_dim \(last dimension\) must be even and in 2\.\.256, got 258"
+        args[n] = rnd(gen, t.device, *t.shape[:-1], 514)
+    return ValueError, r"q head_dim \(last dimension\) must be even and in 2\.\.512, got 514"
 
 
 # (case, mutation, arguments it applies to: None = every argument, or a filter)
@@ -188,7 +188,7 @@ CASES = [
     ("device", _device, lambda n: n != "q"),
     ("not_tensor", _not_tensor, None),
     ("odd_head_dim", _odd_head_dim, lambda n: n == "q"),
-    ("head_dim_over_256", _big_head_dim, lambda n: n == "q"),
+    ("head_dim_over_512", _big_head_dim, lambda n: n == "q"),
 ]
 CI_CASES = {"rank", "int_dtype", "mixed_dtype", "odd_head_dim", "odd_table_width"}
 

@@ -503,3 +503,25 @@ def test_prefix_layer(kernel, device, dtype, gen):
         ref_grads = torch.autograd.grad(ref, leaves, [c.double() for c in cot])
         for g, r in zip(grads, ref_grads):
             assert reference.rel_err(g, r) <= tolerance(dtype)
+
+
+@pytest.mark.interpret(device="cpu")
+@pytest.mark.parametrize("device", DEVICES)
+def test_heads_of_512_with_a_trailing_rope_slice(kernel, device, gen):
+    """DeepSeek-V4's call: heads of 512 channels whose last 64 rotate (a table of 32 values per
+    pair), the other 448 passed through; q with 64 heads, the key/value with one, bf16, each called
+    alone: values and every gradient against float64."""
+    variant = next(v for v in kernel.layers.VARIANTS if v.rotated == "last")
+    module = getattr(kernel.layers, variant.layer_name)()
+    for H in (64, 1):
+        x, _, cos, sin = make_call(1, 7, H, 1, 512, 32, dtype=torch.bfloat16, device=device, gen=gen, table_grad=True)
+        out = module(x, cos, sin)
+        assert out.shape == x.shape and out.dtype == x.dtype
+        leaves = [t.detach().double().requires_grad_() for t in (x, cos, sin)]
+        ref, _ = family_rotary(variant, leaves[0], None, *leaves[1:])
+        assert reference.rel_err(out, ref) <= tolerance(torch.bfloat16)
+        assert torch.equal(out[..., :448], x[..., :448])  # passed through, bit for bit
+        cot = torch.randn(out.shape, generator=gen).to(out)
+        grads = torch.autograd.grad(out, (x, cos, sin), cot)
+        for g, r in zip(grads, torch.autograd.grad(ref, leaves, cot.double())):
+            assert reference.rel_err(g, r) <= tolerance(torch.bfloat16)

@@ -476,3 +476,19 @@ def test_thinker_heads_fall_back_where_transformers_lacks_the_config(monkeypatch
 
     monkeypatch.setattr(builtins, "__import__", without_omni)
     assert models.thinker_heads() == models.THINKER_FALLBACK == (28, 4, 128)
+
+
+def test_quick_families_preset(tmp_path):
+    """GPT-OSS's, DeepSeek-V4's and DINOv3's own calls at their released heads (DeepSeek-V4's of 512
+    channels), ours and each family's own function, eager and compiled, verified against the
+    family's function in float64; DINOv3's prefix tokens in the call."""
+    files = _files(tmp_path, "fam")
+    _bench("--preset", "families", "--quick", "--peers", "copy,transformers,compile", *_flags(files))
+    run = json.loads(files["json"].read_text())
+    assert {(w["model"], w["H"], w["HK"], w["D"]) for w in run["workloads"]} == {
+        ("gpt-oss", 64, 8, 64), ("deepseek-v4", 64, 1, 512), ("dinov3-vitl", 16, 16, 64)
+    }  # fmt: skip
+    for w in run["workloads"]:
+        assert set(w["results"]) == {"ours", "transformers", "compile", "copy"}
+        assert all(r["verify"]["ok"] for r in w["results"].values()), w["results"]
+    assert "| gpt-oss | 64/8 x 64 | 1 | bfloat16 | sdpa | 8 |" in files["markdown"].read_text()

@@ -314,7 +314,7 @@ def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor, *, interleaved: bool = Fa
     """Rotate q and k by the angles `embeddings`: q * cos + rotate_half(q) * sin, same for k.
 
     Args:
-        q: [S, HQ, D], any strides; D even, at most 256.
+        q: [S, HQ, D], any strides; D even, at most 512.
         k: [S, HK, D], any strides.
         embeddings: [S, R] angles, R even and at most D (R < D: the first R channels of each
             head are rotated, the rest pass through); cos and sin are taken per element.
@@ -340,7 +340,7 @@ def apply_rotary_pos_emb_vision(
     """transformers' vision rotary, same signature and dtype behaviour.
 
     Args:
-        q: [S, HQ, D], any strides (e.g. views of one qkv projection); D even, at most 256.
+        q: [S, HQ, D], any strides (e.g. views of one qkv projection); D even, at most 512.
         k: [S, HK, D], any strides.
         cos, sin: [S, R], one dtype; R even and at most D. With R < D the first R channels of
             each head are rotated and the rest pass through (partial rotary).
@@ -492,7 +492,7 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
 
     Args:
         q: [B, HQ, S, D] (unsqueeze_dim=1, the views attention classes pass) or [B, S, HQ, D]
-            (unsqueeze_dim=2), any strides; D even, at most 256.
+            (unsqueeze_dim=2), any strides; D even, at most 512.
         k: [B, HK, S, D] or [B, S, HK, D], any strides; HK may differ from HQ (GQA).
         cos, sin: [B, S, R] or [1, S, R] (one table for the whole batch, read without a copy),
             R even and at most D: the first R channels of each head are rotated as rotate_half

@@ -5,7 +5,7 @@ was expected."""
 import torch
 from torch.autograd import forward_ad
 
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512  # DeepSeek-V4: heads of 512 with a 64-channel rope slice
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
