@@ -203,6 +203,30 @@ DECODERS = {
         "GptOssForCausalLM",
         dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=4, layer_types=["sliding_attention"] * 2),
     ),
+    # DeepSeek-V4's rotates the last 8 channels of each head of 32 (its compressors' entries too)
+    "deepseek_v4": (
+        "DeepseekV4Config",
+        "DeepseekV4ForCausalLM",
+        dict(
+            num_key_value_heads=1,
+            head_dim=32,
+            qk_rope_head_dim=8,
+            q_lora_rank=32,
+            o_lora_rank=16,
+            o_groups=2,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            hc_mult=2,
+            sliding_window=8,
+            index_n_heads=2,
+            index_head_dim=16,
+            index_topk=4,
+            num_nextn_predict_layers=0,
+            mlp_layer_types=["moe"] * 2,
+            layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+        ),
+    ),
 }
 # Token ids of the multimodal models, inside their tiny vocabulary.
 IMAGE_TOKEN, VISION_START, VISION_END = 90, 91, 92

@@ -26,6 +26,10 @@ ROUTES = ("kernelize_rotary", "kernel_config(other families)", "kernel_config()"
 # family -> (make a tiny model, the keyword inputs of one step)
 TINY = {
     "gpt_oss": (lambda: models.make_decoder_model("gpt_oss"), lambda m: {"input_ids": models.make_tokens(m, 2, 9)}),
+    "deepseek_v4": (
+        lambda: models.make_decoder_model("deepseek_v4"),
+        lambda m: {"input_ids": models.make_tokens(m, 2, 9)},
+    ),
     "dinov3_vit": (models.make_dinov3, lambda m: {"pixel_values": torch.randn(2, 3, 32, 32, generator=_gen())}),
     "llama": (lambda: models.make_decoder_model("llama"), lambda m: {"input_ids": models.make_tokens(m, 2, 9)}),
 }
@@ -83,8 +87,8 @@ def test_every_route_serves_the_models_own_rotary(kernel, integrations, rotary_c
         got, grads = _run(loaded, inputs)
     assert rel_err(got, want) <= TOL and grads.keys() == want_grads.keys()
     assert all(rel_err(grads[n], want_grads[n]) <= TOL for n in want_grads), family
-    # DINOv3's function carries no hook name: only the routes that patch its family reach it
-    mapped = family != "dinov3_vit" or route in ("kernelize_rotary", "kernel_config()")
+    # DINOv3's and DeepSeek-V4's functions carry no hook name: only the routes that patch them reach them
+    mapped = family not in ("dinov3_vit", "deepseek_v4") or route in ("kernelize_rotary", "kernel_config()")
     assert (sum(rotary_calls.values()) > 0) == mapped, dict(rotary_calls)
 
 
