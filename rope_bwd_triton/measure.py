@@ -94,9 +94,9 @@ def _ours_bwd(kernel, x):
 
 def _ours_bwd_qk(kernel, x):
     # The op the autograd backward calls when cos/sin need no gradient; it allocates dq, dk. Builds
-    # from before interleaved pairs (A/B) take no `interleaved` argument.
+    # from before interleaved pairs (A/B) take no `interleaved` (later `pairs`) argument.
     schema = kernel._ops.ops.rotary_bwd.default._schema
-    extra = (False,) if any(a.name == "interleaved" for a in schema.arguments) else ()
+    extra = (False,) if any(a.name in ("interleaved", "pairs") for a in schema.arguments) else ()
     return Call(
         lambda gq, gk, cos, sin: kernel.ops.rotary_bwd(gq, gk, None, None, cos, sin, True, True, *extra)[:2], *x
     )

@@ -41,7 +41,7 @@ CASES = [
     ),
     (
         ["bench", "--dtypes", "float16"],
-        r"bench: error: --dtypes is an option of --preset realcall, decoder and decode, not of suite",
+        r"bench: error: --dtypes is an option of --preset realcall, decoder, decode and families, not of suite",
     ),
     (["bench", "--preset", "copybound", "--quick", "--json"], r"bench: error: argument --json: expected one argument"),
     (["overhead", "--impls", "ours,tvm"], r"overhead: error: argument --impls: unknown implementations \['tvm'\]"),

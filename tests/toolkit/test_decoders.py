@@ -270,7 +270,12 @@ def test_tiny_model_trains_as_eager(kernel, integrations, rotary_calls, family):
     assert_same_step(got, ref)
     per_step = {name: sum(map(integrations._attention_classes(M, name).__contains__, map(type, model.modules())))
                 for name in integrations.NAMES}  # fmt: skip
-    assert per_step["apply_rotary_pos_emb"] > 0 and dict(rotary_calls) == {n: c for n, c in per_step.items() if c}
+    assert per_step["apply_rotary_pos_emb"] > 0 and set(rotary_calls) == {n for n, c in per_step.items() if c}
+    # a function of one tensor runs several times per attention (DeepSeek-V4: q, the key/value, its
+    # compressors' entries, the output's inverse rotation); one of q and k once
+    several = {v.form for v in map(integrations.classify, (p.original for p in integrations._PATCHED.values()))}
+    for name, count in rotary_calls.items():
+        assert count >= per_step[name] if "single" in several else count == per_step[name], (name, count)
 
 
 def test_compiled_decoder_has_no_graph_break_nor_recompile(kernel, integrations):
