@@ -164,7 +164,11 @@ def performance_table(gpus: dict) -> str:
     header = ["workload"]
     for gpu, records in gpus.items():
         name = next((r["meta"]["gpu"] for r in records.values() if "meta" in r), gpu.upper())
-        header.append(name + (f" (release {release_commit(records)})" if "release" in records else ""))
+        release = records.get("release")
+        whole = release and release["tests"].get("exit") == 0 and len(release["records"]) == release["records_run"]
+        header.append(
+            name + (f" ({'release' if whole else 'release run cut short'} {release['commit']})" if release else "")
+        )
     rows = []
     for label, record, figure in ROWS:
         row = [label]
@@ -196,7 +200,7 @@ def gpu_section(gpu: str, records: dict, rel: str) -> str:
     from . import realcall, report
 
     commit = release_commit(records)
-    some = next((r.get("meta", r) for r in records.values()), {})
+    some = records.get("release") or next((r.get("meta", r) for r in records.values()), {})  # the release's versions
     name = some.get("gpu") or gpu.upper()
     lines = [f"## {name}", ""]
     if "sm_count" in some:
