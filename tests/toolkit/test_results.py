@@ -22,14 +22,14 @@ def run(root, *options) -> int:
 @pytest.fixture
 def tree(tmp_path):
     """A copy of what the command reads and writes: README.md, CARD.md, benchmarks/ (records of
-    the release stage's names only)."""
+    the release stage's names only, its release.json too)."""
     for name in ("README.md", "CARD.md"):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
     shutil.copy(REPO_ROOT / "benchmarks" / "RESULTS.md", (tmp_path / "benchmarks").mkdir() or tmp_path / "benchmarks")
     for gpu in ("h100", "h200"):
         (tmp_path / "benchmarks" / gpu).mkdir()
         for path in (REPO_ROOT / "benchmarks" / gpu).glob("*.json"):
-            if path.stem in results.RECORDS:
+            if path.stem in results.RECORDS or path.stem == "release":
                 shutil.copy(path, tmp_path / "benchmarks" / gpu)
     return tmp_path
 
