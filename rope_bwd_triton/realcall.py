@@ -52,9 +52,9 @@ FAMILY_CALLS = {
     "deepseek-v4": ("deepseek_v4", 64, 1, 512, 32, 0),
     "dinov3-vitl": ("dinov3_vit", 16, 16, 64, 64, 5),
 }
-# (name, B, S): decoders at B = 1; DINOv3 on 32 images of 224 and of 512 pixels (patches of 16)
-FAMILY_WORKLOADS = [("gpt-oss", 1, 2048), ("gpt-oss", 1, 8192), ("deepseek-v4", 1, 2048), ("deepseek-v4", 1, 8192),
-                    ("dinov3-vitl", 32, 14 * 14 + 5), ("dinov3-vitl", 32, 32 * 32 + 5)]  # fmt: skip
+# (name, B, S): the decoders at B = 1, S = 8192; DINOv3 on 32 images of 224 and of 512 pixels (patches of 16)
+FAMILY_WORKLOADS = [("gpt-oss", 1, 8192), ("deepseek-v4", 1, 8192), ("dinov3-vitl", 32, 14 * 14 + 5),
+                    ("dinov3-vitl", 32, 32 * 32 + 5)]  # fmt: skip
 QUICK_FAMILY_WORKLOADS = [("gpt-oss", 1, 8), ("deepseek-v4", 2, 5), ("dinov3-vitl", 2, 9)]
 
 

@@ -72,7 +72,7 @@ run_tests() {  # run_tests <log name under $OUT> [pytest options]
   ROPE_EXPECT_CUDA=1 python3 -m pytest -q -rs -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT/$1" | tail -40
 }
 release() {  # the release stage (header); its own log, summary and deadline
-  local t0=$SECONDS budget=${RELEASE_BUDGET:-560} reserve=${RELEASE_RECORDS:-265} gpu table records=/tmp/release
+  local t0=$SECONDS budget=${RELEASE_BUDGET:-560} reserve=${RELEASE_RECORDS:-290} gpu table records=/tmp/release
   left() {  # left <cap> [reserve]: seconds for a step, at most cap, keeping reserve for later steps
     local l=$((budget - (SECONDS - t0) - ${2:-0}))
     echo $(($1 < l ? $1 : (l > 1 ? l : 1)))
@@ -82,20 +82,22 @@ release() {  # the release stage (header); its own log, summary and deadline
 print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').lower(), n.replace(' ', '_').replace('/', '_'))")
   rm -rf $records && mkdir -p "$records/$gpu" && cp "$OUT/gpu.txt" "$records/$gpu/"
   echo "release of $ROPE_COMMIT on $gpu ($(python3 -m rope_bwd_triton build 2>&1 | sed -n 1p))"
-  ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -k 10 "$(left 600 $((reserve + 40)))" python3 -m pytest -q -rfEs -p no:cacheprovider \
-    -n "${XDIST:-14}" -m "not whole_gpu" >"$OUT/tests.log" 2>&1
+  # -v: each test's outcome as it ends, so that a run cut at its deadline still names its failures
+  ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -k 10 "$(left 600 $((reserve + 40)))" python3 -m pytest -v -rfEs -p no:cacheprovider \
+    --durations=30 -n "${XDIST:-15}" -m "not whole_gpu" >"$OUT/tests.log" 2>&1
   local tests_rc=$?
   echo "tests: exit $tests_rc at $((SECONDS - t0)) s: $(tail -1 "$OUT/tests.log")"
+  grep -E "^\[gw[0-9]+\] .*(FAILED|ERROR) " "$OUT/tests.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u
   ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -k 10 "$(left 60 "$reserve")" python3 -m pytest -q -rfEs -p no:cacheprovider -p no:xdist \
     -m whole_gpu >"$OUT/tests-big.log" 2>&1
   local big_rc=$?
   echo "whole_gpu tests: exit $big_rc at $((SECONDS - t0)) s: $(tail -1 "$OUT/tests-big.log")"
   local runs=(  # name, seconds at most, bench arguments
-    "bench 70 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy,compile,eager"
+    "bench 60 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy"
     "realcall 70 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy,compile,liger"
-    "decoder 40 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy,compile,liger,transformers"
+    "decoder 60 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy,compile,liger,transformers"
     "decode 35 --preset decode"
-    "families 50 --preset families --peers copy,compile"
+    "families 60 --preset families --peers copy,compile"
   )
   if [ -f "torch-ext/rope_bwd/configs/$table.json" ]; then  # default_config against the table, a copy beside it
     runs+=("bench-untuned 30 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy --untuned"
