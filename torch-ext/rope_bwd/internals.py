@@ -51,7 +51,8 @@ def kernels_function(layer_type):
 
 
 def kernels_mode(model):
-    """transformers' PreTrainedModel.kernels_mode: the mode it last kernelized in (None: reset)."""
+    """transformers' PreTrainedModel.kernels_mode, the mode it last kernelized in (None: reset); from
+    5.25 on (5.24 has none: None, and the watch then tells a change by train()/eval() alone)."""
     return getattr(model, "kernels_mode", None)
 
 
