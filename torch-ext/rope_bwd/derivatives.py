@@ -35,8 +35,8 @@ def _table_dir(table, sin, t_table, t_sin, x_q, x_k):
 
 
 def _rotated_only(pair, table):
-    """A term of a table direction: F and B pass the channels past the table's width through
-    (partial rotary), but those do not depend on the table, so their part of the term is zero."""
+    """A term of a table direction, zero past the table's width (F and B pass those channels
+    through, but they do not depend on the table)."""
     rot = table.shape[-1]
     return tuple(
         t if t is None or t.shape[-1] == rot else torch.nn.functional.pad(t[..., :rot], (0, t.shape[-1] - rot))

@@ -98,14 +98,8 @@ def _calls(cls, name: str) -> bool:
 
 def _attention_classes(module, name: str) -> list:
     """Classes of `module` whose forward calls its global function `name` (read from bytecode)."""
-    return [
-        cls
-        for cls in vars(module).values()
-        if inspect.isclass(cls)
-        and issubclass(cls, nn.Module)
-        and cls.__module__ == module.__name__
-        and _calls(cls, name)
-    ]
+    classes = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, nn.Module)]
+    return [c for c in classes if c.__module__ == module.__name__ and _calls(c, name)]
 
 
 def _functions(module):
@@ -135,9 +129,8 @@ def families_in(*models) -> list:
 
 
 def _attach(module, function):
-    """Give an attention module built before its class was decorated what kernels'
-    `use_kernelized_func` gives the modules its decorated constructor builds, the entry of
-    `function` (a copy per module): copied from a throwaway module of a class decorated the same way."""
+    """Give a module built before its class was decorated the entry of `function` that kernels'
+    use_kernelized_func gives those it builds: copied from a throwaway module of such a class."""
     import kernels
 
     made = kernels.use_kernelized_func(function)(type("_Attached", (nn.Module,), {}))()
@@ -152,9 +145,8 @@ _HOLDERS = weakref.WeakSet()  # modules holding an entry make_kernelizable attac
 
 def _track(cls, function):
     """A class decorated by use_kernelized_func: the modules it builds are recorded (restore_transformers
-    takes their entry back: kernels rebuilds an unpickled entry from the module global, which restore
-    makes a plain function again); a module built before the decoration and not passed to
-    make_kernelizable gets its entry at its first call (then runs transformers' function until kernelized)."""
+    takes their entry back); one built before the decoration, not passed to make_kernelizable, gets
+    its entry at its first call (and runs transformers' function until kernelized)."""
     init, decorated = cls.__init__, cls.forward
     name = internals.layer_name(function)
 
@@ -340,17 +332,10 @@ def check_rotaries(model) -> dict:
     for family in families_in(model):
         module = _modeling_module(family)
         for name, function, _ in _functions(module):
-            if isinstance(function, nn.Module):  # a kernels layer of the function
-                served = layers.serving(function)
-            else:
-                try:
-                    served = classify(function, f"{module.__name__}.{name}")
-                except ValueError as e:
-                    served = layers.Unsupported(function, str(e))
-            if isinstance(served, Variant):
-                found[f"{family}.{name}"] = served.layer_name
-            else:
-                found[f"{family}.{name}"] = served.reason
+            layer = isinstance(function, nn.Module)  # a kernels layer of the function
+            served = layers.serving(function) if layer else layers.classified(function, f"{module.__name__}.{name}")
+            found[f"{family}.{name}"] = served.layer_name if isinstance(served, Variant) else served.reason
+            if not isinstance(served, Variant):
                 warnings.warn(f"rope-bwd: transformers' own function runs: {served.reason}", stacklevel=2)
     return found
 
@@ -365,9 +350,8 @@ def kernel_config(*families, repo_id: str = REPO_ID, version: int = 1):
     layer names, then a transformers KernelConfig naming the package's layers. Unlike one written
     by hand (mapped for inference and accelerators only), it maps every mode on CUDA and CPU."""
     make_kernelizable(families=list(families) or None)
-    entries = {
-        name: (f"{repo_id}:{layer}", {"version": version, "trust_remote_code": True}) for name, layer in MAPPED.items()
-    }
+    options = {"version": version, "trust_remote_code": True}
+    entries = {name: (f"{repo_id}:{layer}", dict(options)) for name, layer in MAPPED.items()}
     return internals.RotaryKernelConfig(entries, kernel_mapping(repo_id, version=version), _watch)
 
 

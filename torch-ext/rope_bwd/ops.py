@@ -1,15 +1,12 @@
-"""The custom ops, their autograd, and the public functions.
-
-Ops (named through add_op_namespace_prefix, so that several builds load in one process):
+"""The custom ops, their autograd, and the public functions. Ops (add_op_namespace_prefix'd, so
+that several builds load in one process), `table` the angles when `sin` is None, else cos, `pairs`
+rotary_torch's flags, outputs not asked for empty:
     rotary_fwd(q, k, table, sin?, pairs) -> (q_embed, k_embed)
     rotary_bwd(gq, gk, q?, k?, table, sin?, need_q, need_k, pairs) -> (dq, dk, dtable, dsin)
     rope_bwd_out(..., interleaved)   the backward of rope_fwd written into the caller's buffers
-`table` holds the angles when `sin` is None, else cos; `pairs` rotary_torch's flags (a bool serves:
-interleaved); outputs not asked for come back empty.
-The first two are triton_ops, which torch.compile traces into. Eager calls take EagerRotary,
-without a dispatcher round trip (host time); torch.func transforms and higher derivatives take
-RotaryFn and RotaryGrad (derivatives.py's rules). CUDA tensors run the kernel, CPU and float64
-rotary_torch.
+The first two are triton_ops (torch.compile traces into them). Eager calls take EagerRotary (no
+dispatcher round trip), torch.func transforms and higher derivatives RotaryFn and RotaryGrad
+(derivatives.py's rules). CUDA tensors run the kernel, CPU and float64 rotary_torch.
 """
 
 import functools
@@ -294,10 +291,9 @@ rotary_bwd.register_autograd(grad_backward, setup_context=grad_setup_context)
 
 
 class EagerRotary(torch.autograd.Function):
-    """rotary_fwd with its autograd, minus the dispatcher, for eager calls, and q and k in either
-    layout (heads_first: [B, H, S, D], read as they are: no view, no node for one in the graph).
-    The context is set in forward: a separate setup_context binds every apply()'s arguments
-    through inspect."""
+    """rotary_fwd with its autograd minus the dispatcher, for eager calls; heads_first: q and k
+    [B, H, S, D], read with no view. The context is set in forward: a separate setup_context
+    binds every apply()'s arguments through inspect."""
 
     @staticmethod
     def forward(ctx, q, k, table, sin, pairs, heads_first):
@@ -361,11 +357,12 @@ def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor, *, interleaved: bool = Fa
     """Rotate q and k by the angles `embeddings`: q * cos + rotate_half(q) * sin, same for k.
 
     Args:
-        q: [S, HQ, D], any strides; D even, at most 256.
-        k: [S, HK, D], any strides.
+        q, k: [S, HQ, D] and [S, HK, D], any strides (views of one qkv projection serve); D even,
+            at most 256.
         embeddings: [S, R] angles, R even and at most D (R < D: the first R channels of each
             head are rotated, the rest pass through); cos and sin are taken per element.
-        interleaved: rotate the pairs (2i, 2i + 1) (rotate_pairwise); default (i, i + R/2).
+        interleaved: rotate the pairs (2i, 2i + 1) (rotate_pairwise); default (i, i + R/2)
+            (rotate_half).
 
     Returns:
         (q_embed, k_embed), contiguous, shaped and typed as q and k. Differentiable in q, k and
@@ -383,12 +380,8 @@ def apply_rotary_pos_emb_vision(
     """transformers' vision rotary, same signature and dtype behaviour.
 
     Args:
-        q: [S, HQ, D], any strides (e.g. views of one qkv projection); D even, at most 256.
-        k: [S, HK, D], any strides.
-        cos, sin: [S, R], one dtype; R even and at most D. With R < D the first R channels of
-            each head are rotated and the rest pass through (partial rotary).
-        interleaved: rotate the pairs (2i, 2i + 1), as transformers' `rotate_pairwise`;
-            default the pairs (i, i + R/2), as `rotate_half`.
+        q, k, interleaved: as for rope_fwd.
+        cos, sin: [S, R], one dtype, R as rope_fwd's embeddings (R < D: partial rotary).
 
     Returns:
         (q_embed, k_embed) in the dtypes of q and k. Differentiable in q, k, cos and sin (to any
@@ -527,12 +520,10 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
     """transformers' decoder rotary (Llama's and most families'), same signature and dtypes.
 
     Args:
-        q: [B, HQ, S, D] (unsqueeze_dim=1, the views attention classes pass) or [B, S, HQ, D]
-            (unsqueeze_dim=2), any strides; D even, at most 256.
-        k: [B, HK, S, D] or [B, S, HK, D], any strides; HK may differ from HQ (GQA).
-        cos, sin: [B, S, R] or [1, S, R] (one table for the whole batch, read without a copy),
-            R even and at most D: the first R channels of each head are rotated as rotate_half
-            does, the rest pass through (partial rotary).
+        q, k: [B, HQ, S, D] and [B, HK, S, D] (unsqueeze_dim=1, the views attention classes pass)
+            or [B, S, HQ, D] and [B, S, HK, D] (unsqueeze_dim=2), any strides; D even, at most 256.
+        cos, sin: [B, S, R] or [1, S, R] (one table for the batch, read without a copy), R even
+            and at most D: the first R channels rotated as rotate_half does, the rest passed through.
         unsqueeze_dim: where transformers unsqueezes cos and sin, i.e. q's heads axis (1 or 2).
 
     Returns:
