@@ -3,7 +3,8 @@
 # (requirements-oldest.txt: the oldest the README supports; requirements-newest.txt: what a
 # fresh `pip install` gives): those releases installed without dependencies into
 # .venv/<file's name> and laid over .venv (the pinned set serves their dependencies), then the
-# tests that go through kernels and transformers: the layers, every family of that transformers,
+# tests that go through kernels and transformers: the private parts of them internals.py names,
+# the layers, every family of that transformers,
 # saved models, training parity, the flows through transformers' own kernel management (Trainer,
 # train()/eval(), KernelConfig). Further arguments go to pytest. (The kernels_ci tests, which need
 # no transformers, run with each file's kernels in scripts/hub-ci.sh.)
@@ -45,6 +46,6 @@ export PYTHONPATH=$site
 # and ignores the failure; in offline mode huggingface_hub refuses before connecting.
 export HF_HUB_OFFLINE=1
 has_pins  # laid over .venv
-.venv/bin/python -m pytest -q -n 2 -p no:cacheprovider tests/test_kernelize.py tests/toolkit/test_families.py \
+.venv/bin/python -m pytest -q -n 2 -p no:cacheprovider tests/test_internals.py tests/test_kernelize.py tests/toolkit/test_families.py \
   tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py tests/toolkit/test_e2e.py \
   tests/toolkit/test_decoders.py tests/test_decoder.py tests/toolkit/test_transformers_flows.py "$@"

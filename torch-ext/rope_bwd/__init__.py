@@ -15,17 +15,7 @@ from .integrations import (
 from .ops import apply_rotary_pos_emb, apply_rotary_pos_emb_vision, rope_bwd, rope_fwd
 
 __all__ = [
-    "apply_rotary_pos_emb",
-    "apply_rotary_pos_emb_vision",
-    "check_rotaries",
-    "integrations",
-    "kernel_config",
-    "kernel_mapping",
-    "kernelize_rotary",
-    "kernelize_vision_rotary",
-    "layers",
-    "make_kernelizable",
-    "restore_transformers",
-    "rope_bwd",
-    "rope_fwd",
-]
+    "apply_rotary_pos_emb", "apply_rotary_pos_emb_vision", "check_rotaries", "integrations", "kernel_config",
+    "kernel_mapping", "kernelize_rotary", "kernelize_vision_rotary", "layers", "make_kernelizable",
+    "restore_transformers", "rope_bwd", "rope_fwd",
+]  # fmt: skip

@@ -1,5 +1,5 @@
-"""The rotation's autograd past the first eager backward: torch.func transforms (grad, vmap,
-jvp, hessian), forward-mode AD and double backward.
+"""The rules of the rotation's autograd past the first eager backward: torch.func transforms
+(grad, vmap, jvp, hessian), forward-mode AD and double backward (ops.py's Functions apply them).
 
 The rotation is linear in q/k and in the (cos, sin) table, and its backward is linear in the
 upstream gradients and bilinear in them and (q, k) or the table. So every derivative is a sum
@@ -14,7 +14,6 @@ angle gradient -sin*gcos + cos*gsin adds one term of its own (`_curvature`).
 
 import torch
 
-from . import ops
 from .rotary_torch import math_dtype
 
 
@@ -36,8 +35,8 @@ def _table_dir(table, sin, t_table, t_sin, x_q, x_k):
 
 
 def _rotated_only(pair, table):
-    """A term of a table direction: F and B pass the channels past the table's width through
-    (partial rotary), but those do not depend on the table, so their part of the term is zero."""
+    """A term of a table direction, zero past the table's width (F and B pass those channels
+    through, but they do not depend on the table)."""
     rot = table.shape[-1]
     return tuple(
         t if t is None or t.shape[-1] == rot else torch.nn.functional.pad(t[..., :rot], (0, t.shape[-1] - rot))
@@ -130,13 +129,11 @@ def adjoint_vjp(F, B, saved, need_q, need_k, needs, cotangents):
 
 
 def vmap_folded(fn, batch_size, in_dims, tensors, *rest):
-    """vmap of fn(*tensors, *rest) by one call: tensors are those of F or B (q-like first, the
-    tables last), and tokens and sequences are independent, so the samples fold into the first
-    dimension: sample b becomes token rows b*S .. b*S + S - 1 of 3-D q [S, H, D], or sequences
-    b*B .. b*B + B - 1 of 4-D q [B, S, H, D], whose tables are expanded to B sequences first. An
-    argument without the vmapped dimension is expanded (a table's gradient is then one per
-    sample, as vmap asks; a table shared by a sample's sequences gets their sum). Returns
-    (outputs, out_dims)."""
+    """vmap of fn(*tensors, *rest) by one call: tensors are F's or B's (q-like first, the tables
+    last); tokens and sequences are independent, so sample b folds into token rows b*S.. of 3-D q
+    [S, H, D], or sequences b*B.. of 4-D q [B, S, H, D] (tables expanded to B sequences first). An
+    argument without the vmapped dimension is expanded (a table's gradient is then one per sample;
+    a table shared by a sample's sequences gets their sum). Returns (outputs, out_dims)."""
     moved = [
         None if t is None else t.movedim(dim, 0) if dim is not None else t.expand(batch_size, *t.shape)
         for t, dim in zip(tensors, in_dims)
@@ -159,86 +156,3 @@ def vmap_folded(fn, batch_size, in_dims, tensors, *rest):
         tuple(None if o is None else unfold(i, o) for i, o in enumerate(outs)),
         tuple(None if o is None else 0 for o in outs),
     )
-
-
-# ------------------------------------------------------------------ the Functions
-
-
-def transforms_active() -> bool:
-    """torch.func transforms or a forward-mode AD level are live."""
-    return torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
-
-
-def _maps(pairs):
-    """F and B of the module docstring, differentiable."""
-    return (
-        lambda *args: ops.rotary(*args, pairs),
-        lambda *args: ops.rotary_grad(*args, pairs),
-    )
-
-
-class RotaryFn(torch.autograd.Function):
-    """The rotation for torch.func transforms and forward-mode AD, which need setup_context and
-    jvp and vmap rules (eager calls take ops.EagerRotary, whose context costs less host time)."""
-
-    @staticmethod
-    def forward(q, k, table, sin, pairs):
-        return ops.forward_impl(q, k, table, sin, pairs)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ops.setup_context(ctx, inputs, output)
-        ctx.bwd = ops.rotary_grad  # the transforms run the backward on wrapped tensors
-        ctx.save_for_forward(*inputs[:4])
-
-    @staticmethod
-    def backward(ctx, gq, gk):
-        return ops.backward(ctx, gq, gk)
-
-    @staticmethod
-    def jvp(ctx, tq, tk, t_table, t_sin, t_interleaved):
-        F, _ = _maps(ctx.pairs)
-        return rotation_jvp(F, *ctx.saved_tensors, tq, tk, t_table, t_sin)
-
-    @staticmethod
-    def vmap(info, in_dims, q, k, table, sin, pairs):
-        F, _ = _maps(pairs)
-        return vmap_folded(F, info.batch_size, in_dims[:4], (q, k, table, sin))
-
-
-def grad_setup_context(ctx, inputs, output):
-    *saved, ctx.need_q, ctx.need_k, ctx.pairs = inputs
-    ctx.save_for_backward(*saved)
-
-
-def grad_backward(ctx, vq, vk, v_table, v_sin):
-    F, B = _maps(ctx.pairs)
-    needs = ctx.needs_input_grad[:6]
-    grads = adjoint_vjp(F, B, ctx.saved_tensors, ctx.need_q, ctx.need_k, needs, (vq, vk, v_table, v_sin))
-    return (*grads, None, None, None)
-
-
-class RotaryGrad(torch.autograd.Function):
-    """The backward as a differentiable function: ops' backward forward, the rules above for its
-    backward, jvp and vmap."""
-
-    @staticmethod
-    def forward(gq, gk, q, k, table, sin, need_q, need_k, pairs):
-        return ops.backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        grad_setup_context(ctx, inputs, output)
-        ctx.save_for_forward(*inputs[:6])
-
-    backward = staticmethod(grad_backward)
-
-    @staticmethod
-    def jvp(ctx, *tangents):
-        _, B = _maps(ctx.pairs)
-        return adjoint_jvp(B, ctx.saved_tensors, ctx.need_q, ctx.need_k, tangents[:6])
-
-    @staticmethod
-    def vmap(info, in_dims, gq, gk, q, k, table, sin, need_q, need_k, pairs):
-        _, B = _maps(pairs)
-        return vmap_folded(B, info.batch_size, in_dims[:6], (gq, gk, q, k, table, sin), need_q, need_k)

@@ -1,10 +1,10 @@
 """A launch of the compiled kernel that skips Triton's per-call argument binding and
-specialization, whose host time exceeds the kernel's own time at small S (a training step
-at a few thousand tokens waits on host time).
+specialization, whose host time exceeds the kernel's own at small S.
 
-This is the one module that touches private torch and Triton internals. `launcher` returns
-None where they are missing, and launch.py then launches through `kernel[grid]`;
-ROPE_BWD_FAST_LAUNCH=0 in the environment does so always.
+The one module that touches torch's and Triton's private launch internals (torch._C's
+_StaticCudaLauncher, a compiled kernel's run/metadata, triton.knobs' launch hooks; kernels' and
+transformers' private parts are in internals.py). `launcher` returns None where they are missing,
+and launch.py then launches through `kernel[grid]`; ROPE_BWD_FAST_LAUNCH=0 does so always.
 """
 
 import functools
@@ -17,11 +17,10 @@ ENABLED = os.environ.get("ROPE_BWD_FAST_LAUNCH", "1") != "0"
 
 
 def launcher(compiled, const_args, device):
-    """A function (grid, args) that launches `compiled` (what JITFunction.warmup returns) on the
-    current stream of `device`; args are the runtime arguments (addresses as ints, seq_len).
-    None where this Triton lacks what it needs. Without launch hooks it goes through torch's
-    launcher of compiled Triton kernels (the one inductor uses for its own), which takes the
-    runtime arguments alone; with hooks (profilers), or where torch has none, through Triton's."""
+    """A function (grid, args) that launches `compiled` (JITFunction.warmup's) on the current
+    stream of `device`; args: addresses as ints, seq_len. None where this Triton lacks what it
+    needs. Without launch hooks through torch's launcher of compiled Triton kernels (inductor's);
+    with hooks (profilers), or where torch has none, through Triton's."""
     try:
         runtime = triton.knobs.runtime
         runtime.launch_enter_hook, runtime.launch_exit_hook  # noqa: B018 (must exist)
@@ -51,8 +50,8 @@ def launcher(compiled, const_args, device):
 
 
 def _torch_launcher(compiled, device):
-    """(grid, stream, args) -> None through torch._C._StaticCudaLauncher; None where this torch
-    or this kernel does not take it (no such launcher, scratch memory, cooperative launch)."""
+    """(grid, stream, args) -> None through torch._C._StaticCudaLauncher; None where this torch or
+    kernel does not take it (no such launcher, scratch memory, cooperative launch)."""
     try:
         from torch._C import _StaticCudaLauncher
 
@@ -115,8 +114,7 @@ def _hooked(hook):
 @functools.cache
 def start_up():
     """Once per process, before the first compilation: Triton's hash of its own libraries (its
-    cache key) starts in a thread, to overlap the build of its driver's C utilities, which the
-    first compilation otherwise waits for first."""
+    cache key) starts in a thread, overlapping the build of its driver's C utilities."""
     try:
         from triton.runtime.cache import triton_key
     except ImportError:

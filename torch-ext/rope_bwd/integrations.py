@@ -1,13 +1,11 @@
-"""Kernelize transformers' rotary functions by kernel name, the vision encoders'
-`apply_rotary_pos_emb_vision(q, k, cos, sin)` and the decoders' `apply_rotary_pos_emb(q, k,
-cos, sin, unsqueeze_dim=1)`: `make_kernelizable` makes each family's function a kernelizable
-layer under the layer name of its variant (found by evaluating the function, `classify`),
-through kernels' `use_kernel_forward_from_hub` and `use_kernelized_func`; `kernel_mapping` maps
-those names, and transformers' own hook "rotary_pos_emb", to this repository;
-`kernelize_rotary` does both and kernelizes a model. Families are found at run time, from
-transformers' sources, and a function that is none of the variants is refused, nothing
-patched. `kernels` and `transformers` are imported inside the functions: the package itself
-needs only torch.
+"""Kernelize transformers' rotary functions (the vision encoders' `apply_rotary_pos_emb_vision`,
+the decoders' `apply_rotary_pos_emb`) by kernel name: `make_kernelizable` makes each family's
+function a kernelizable layer under the layer name of its variant (`classify`), through kernels'
+`use_kernel_forward_from_hub` and `use_kernelized_func`; `kernel_mapping` maps those names, and
+transformers' own hook "rotary_pos_emb", to this repository; `kernelize_rotary` does both and
+kernelizes a model. Families are found at run time from transformers' sources; a function that is
+none of the variants is refused, nothing patched. kernels and transformers are imported inside
+the functions.
 """
 
 import functools
@@ -23,7 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from . import layers
+from . import internals, layers
 from .variants import VARIANTS, Variant, classify
 
 REPO_ID = "rope-bwd/rope-bwd"
@@ -52,9 +50,8 @@ def _module_name(family: str) -> str:
 
 
 def find_families(name: str = None) -> tuple:
-    """The families of the installed transformers whose modeling module names a rotary function
-    (`name`, one of NAMES, or any), read from its sources (nothing imported). Candidates: each
-    is classified when it is patched."""
+    """The families of the installed transformers whose modeling module's source names a rotary
+    function (`name`, one of NAMES, or any); candidates, classified when patched."""
     import transformers.models
 
     paths = tuple(transformers.models.__path__)
@@ -100,16 +97,17 @@ def _calls(cls, name: str) -> bool:
 
 
 def _attention_classes(module, name: str) -> list:
-    """Classes of `module` whose forward calls the module's global rotary function `name`
-    (found from the bytecode's global names, so no class name is hard-coded)."""
-    return [
-        cls
-        for cls in vars(module).values()
-        if inspect.isclass(cls)
-        and issubclass(cls, nn.Module)
-        and cls.__module__ == module.__name__
-        and _calls(cls, name)
-    ]
+    """Classes of `module` whose forward calls its global function `name` (read from bytecode)."""
+    classes = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, nn.Module)]
+    return [c for c in classes if c.__module__ == module.__name__ and _calls(c, name)]
+
+
+def _functions(module):
+    """(name, function, attention classes) of each rotary function of `module` that a class calls."""
+    for name in NAMES:
+        function, classes = getattr(module, name, None), _attention_classes(module, name)
+        if function is not None and classes:
+            yield name, function, classes
 
 
 def _family_of(cls):
@@ -123,31 +121,21 @@ def _family_of(cls):
 
 def families_in(*models) -> list:
     """The families whose rotary some module of `models` calls, in order of appearance."""
-    found = {}
-    for model in models:
-        for cls in dict.fromkeys(type(m) for m in model.modules()):
-            family = _family_of(cls)
-            if family is not None:
-                found[family] = None
-    return list(found)
+    families = (_family_of(cls) for model in models for cls in dict.fromkeys(type(m) for m in model.modules()))
+    return [f for f in dict.fromkeys(families) if f is not None]
 
 
 # ------------------------------------------------------------------- patching
 
 
 def _attach(module, function):
-    """Give an attention module built before its class was decorated what kernels'
-    `use_kernelized_func` gives the modules its decorated constructor builds: the entry of
-    `function` in `_kernel_funcs` (the function itself with kernels 0.17, a copy of it per module
-    from 0.18 on). kernels has no public call for a module that already exists, so this builds a
-    throwaway module of a class decorated the same way and copies the entry its constructor
-    wrote: with kernelized_layers and restore_transformers, the one place this package reads or
-    writes kernels' private state."""
+    """Give a module built before its class was decorated the entry of `function` that kernels'
+    use_kernelized_func gives those it builds: copied from a throwaway module of such a class."""
     import kernels
 
     made = kernels.use_kernelized_func(function)(type("_Attached", (nn.Module,), {}))()
-    funcs = module.__dict__.setdefault("_kernel_funcs", {})
-    for name, entry in made.__dict__["_kernel_funcs"].items():
+    funcs = internals.kernel_funcs(module, create=True)
+    for name, entry in internals.kernel_funcs(made).items():
         funcs.setdefault(name, entry)
     _HOLDERS.add(module)
 
@@ -157,13 +145,10 @@ _HOLDERS = weakref.WeakSet()  # modules holding an entry make_kernelizable attac
 
 def _track(cls, function):
     """A class decorated by use_kernelized_func: the modules it builds are recorded (restore_transformers
-    takes their entry back: kernels rebuilds an unpickled entry from the module global, which
-    restore makes a plain function again). From kernels 0.18 on, such a class finds its function in
-    each module's `_kernel_funcs` on every call: a module built before the decoration, and not
-    passed to make_kernelizable, gets it at its first call (it then runs transformers' function
-    until it is kernelized)."""
+    takes their entry back); one built before the decoration, not passed to make_kernelizable, gets
+    its entry at its first call (and runs transformers' function until kernelized)."""
     init, decorated = cls.__init__, cls.forward
-    name = type(function).kernel_layer_name
+    name = internals.layer_name(function)
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
@@ -172,7 +157,7 @@ def _track(cls, function):
 
     @functools.wraps(decorated)
     def forward(self, *args, **kwargs):
-        if not torch.compiler.is_compiling() and name not in self.__dict__.get("_kernel_funcs", ()):
+        if not torch.compiler.is_compiling() and name not in internals.kernel_funcs(self):
             _attach(self, function)
         return decorated(self, *args, **kwargs)
 
@@ -182,43 +167,34 @@ def _track(cls, function):
 def kernelized_layers(model, *, others=False) -> list:
     """What kernelize made of `model`'s rotaries: for each function that kernels attached to one of
     its modules, the name of the package's layer it runs, or None where it runs transformers' own
-    (others=True: the repository of another kernel it runs, rather than None). Read from the
-    functions kernels' use_kernelized_func attached (`_kernel_funcs`, and the `_kernel_repo`
-    kernelize records on them; kernels has no public view of them)."""
+    (others=True: the repository of another kernel it runs, rather than None)."""
     names = {cls.forward: v.layer_name for v, cls in layers.LAYERS.items()}
-    funcs = [f for m in model.modules() for f in m.__dict__.get("_kernel_funcs", {}).values()]
+    funcs = [f for m in model.modules() for f in internals.kernel_funcs(m).values()]
     runs = [names.get(getattr(getattr(f, "forward", None), "__func__", None)) for f in funcs]
     if others:
-        runs = [r or f.__dict__.get("_kernel_repo") for r, f in zip(runs, funcs)]
+        runs = [r or internals.kernel_repo(f) for r, f in zip(runs, funcs)]
     return runs
 
 
 def _plan(family: str) -> list:
     """[(module, name, original, variant, attention classes)] of `family`'s rotary functions,
-    classified; nothing patched. A ValueError when one cannot be patched."""
+    classified, nothing patched; a ValueError when one cannot be patched."""
     module = _modeling_module(family)
-    plans = []
-    for name in NAMES:
-        original = getattr(module, name, None)
-        if original is None or not _attention_classes(module, name):
-            continue
-        variant = classify(original, f"{module.__name__}.{name}")
-        plans.append((module, name, original, variant, _attention_classes(module, name)))
+    plans = [(module, n, f, classify(f, f"{module.__name__}.{n}"), classes) for n, f, classes in _functions(module)]
     if not plans:
         raise ValueError(f"no class of {module.__name__} calls its rotary function")
     return plans
 
 
 def _patch(family: str, plan) -> None:
-    """Make the family's function a kernelizable layer under its variant's layer name, by kernels'
-    decorators: a function transformers marks itself (its hook "rotary_pos_emb") keeps its layer
-    class and attention classes, renamed when it is not Llama's variant; any other is decorated,
-    and its attention classes with it."""
+    """Make the family's function a kernelizable layer under its variant's layer name: a function
+    transformers marks itself ("rotary_pos_emb") keeps its layer class and attention classes,
+    renamed when it is not Llama's variant; any other is decorated, its attention classes with it."""
     import kernels
 
     module, name_in_module, original, variant, classes = plan
     name = HOOK if variant == HOOK_VARIANT else variant.layer_name
-    marked = getattr(original, "kernel_layer_name", None)
+    marked = internals.layer_name(original)
     if marked is not None:
         kernels.replace_kernel_forward_from_hub(type(original), name)
         function, saved = original, {}
@@ -234,14 +210,13 @@ def _patch(family: str, plan) -> None:
 
 
 def make_kernelizable(*models, families=None) -> list:
-    """Make transformers' rotary functions of `families` (vision and decoder) kernelizable layers
-    under the layer name of their variant (idempotent); returns the families patched.
+    """Make transformers' rotary functions of `families` kernelizable layers under the layer name
+    of their variant (idempotent); returns the families patched.
 
-    families: names (`find_families()` lists them); by default those of `models`, or,
-    without models, every family of the installed transformers (those whose function is
-    none of the variants are left as they are, with a warning). A named family, or one of
-    `models`, that cannot be patched is a ValueError, and then nothing is patched.
-    Models built before the call are passed as `models`; models built after it need nothing."""
+    families: names (`find_families()`); by default those of `models`, or, without models, every
+    family of the installed transformers (those none of the variants are left, with a warning). A
+    named family, or one of `models`, that cannot be patched is a ValueError, nothing patched.
+    Models built before the call are passed as `models`; those built after it need nothing."""
     if families is None and models:
         families = families_in(*models)
         if not families:
@@ -274,19 +249,14 @@ def make_kernelizable(*models, families=None) -> list:
 
 
 def restore_transformers() -> None:
-    """Undo make_kernelizable: original functions, layer names and attention classes back, and
-    the entries it attached taken back from the modules that hold them (those of the models it
-    was given, and those built while patched), so that they run and pickle as transformers'
-    own. Models kernelize_rotary watched lose the watch."""
+    """Undo make_kernelizable: original functions, layer names and attention classes back, and the
+    entries it attached taken back from the modules holding them, so that they run and pickle as
+    transformers' own. Models kernelize_rotary watched lose the watch."""
     import kernels
 
     ours = {type(p.function) for p in _PATCHED.values() if p.classes}  # the entries of decorated functions
     for module in list(_HOLDERS):
-        funcs = module.__dict__.get("_kernel_funcs", {})
-        for name in [n for n, f in funcs.items() if type(f) in ours]:
-            del funcs[name]
-        if "_kernel_funcs" in module.__dict__ and not funcs:
-            del module._kernel_funcs
+        internals.drop_kernel_funcs(module, ours)
     _HOLDERS.clear()
     for watch in list(_WATCHED.values()):
         watch.handle.remove()
@@ -297,26 +267,20 @@ def restore_transformers() -> None:
         setattr(patch.module, patch.name, patch.original)
         for cls, own in patch.classes.items():
             for attr, value in zip(("__init__", "forward"), own):
-                if value is None:
-                    delattr(cls, attr)
-                else:
-                    setattr(cls, attr, value)
+                setattr(cls, attr, value) if value is not None else delattr(cls, attr)
     _PATCHED.clear()
 
 
 def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_code=True) -> dict:
-    """The mapping for `kernels.register_kernel_mapping` / `use_kernel_mapping`: every layer
-    name of `LAYER_NAMES`, and transformers' own "rotary_pos_emb" (Llama's variant), from
-    `repo_id`, for CUDA and CPU, in every mode (the layers have a backward and compile
-    without graph breaks).
+    """The mapping for `kernels.register_kernel_mapping` / `use_kernel_mapping`: every name of
+    `LAYER_NAMES`, and transformers' own "rotary_pos_emb" (Llama's variant), from `repo_id`, for
+    CUDA and CPU, in every mode (the layers have a backward and compile without graph breaks).
 
-    When LOCAL_KERNELS names `repo_id` (a checkout, or hub CI's build), the layers come
-    from there through kernels' LocalLayerRepository, as get_kernel's lookup does: a
-    LayerRepository would resolve `version` on the Hub first. Otherwise, with
-    HF_HUB_OFFLINE=1, kernels resolves `version` from its cache.
-
-    trust_remote_code defaults to True because this code already comes from that
-    repository; pass False (or a list) to have kernels check the publisher again."""
+    When LOCAL_KERNELS names `repo_id` (a checkout, hub CI's build), the layers come from there
+    through kernels' LocalLayerRepository, as get_kernel's lookup does (a LayerRepository would
+    resolve `version` on the Hub first; with HF_HUB_OFFLINE=1, from kernels' cache).
+    trust_remote_code defaults to True because this code already comes from that repository;
+    pass False (or a list) to have kernels check the publisher again."""
     from kernels import LayerRepository, LocalLayerRepository, Mode
 
     local = _local_kernel_path(repo_id)
@@ -327,11 +291,8 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
         return LayerRepository(repo_id, layer_name=name, version=version, trust_remote_code=trust_remote_code)
 
     modes = [Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING | Mode.TORCH_COMPILE]
-    mapping = {}
-    for key, name in MAPPED.items():
-        layer_repo = repo(name)
-        mapping[key] = {device: {mode: layer_repo for mode in modes} for device in ("cuda", "cpu")}
-    return mapping
+    repos = {key: repo(name) for key, name in MAPPED.items()}
+    return {key: {device: dict.fromkeys(modes, r) for device in ("cuda", "cpu")} for key, r in repos.items()}
 
 
 def _local_kernel_path(repo_id: str):
@@ -342,21 +303,20 @@ def _local_kernel_path(repo_id: str):
 
 
 def kernelize_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, version: int = 1, **kernelize_kwargs):
-    """make_kernelizable for the families found in `model`, vision encoders' and decoders'
-    (ValueError if there are none, or one is none of the variants: then nothing is patched),
-    then `kernels.kernelize` under `kernel_mapping(repo_id, version=version)` (added to any
-    mapping already registered): one call swaps every rotary of a Qwen3-Omni. Returns the
-    model, as kernelize does.
+    """make_kernelizable for the families found in `model` (ValueError if there are none, or one
+    is none of the variants: then nothing is patched), then `kernels.kernelize` under
+    `kernel_mapping(repo_id, version=version)` (added to any mapping registered): one call swaps
+    every rotary of a Qwen3-Omni. Returns the model, as kernelize does.
 
     A transformers model keeps the layers when transformers kernelizes it again (at each change
-    between train() and eval() of a model loaded with its kernels on): the mapping becomes part
-    of its `kernel_config`. Should another kernelization take them away (reset_kernels(),
+    between train() and eval() of a model loaded with its kernels on): the mapping goes into its
+    `kernel_config`. Should another kernelization take them away (reset_kernels(),
     kernels_mode=None, another kernel_config), the model's next forward says so, once."""
     import kernels
 
     make_kernelizable(model)
     mapping = kernel_mapping(repo_id, version=version)
-    _keep(model, mapping)
+    internals.keep_mapping(model, mapping)
     with kernels.use_kernel_mapping(mapping):
         model = kernels.kernelize(model, mode=mode, device=device, **kernelize_kwargs)
     _watch(model)
@@ -364,30 +324,18 @@ def kernelize_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, versio
 
 
 def check_rotaries(model) -> dict:
-    """What runs each rotary function `model`'s attention modules call, by
-    "<family>.<function>": the package's layer for the function's variant, or, where it is none
-    of the variants, the reason transformers' own function runs (with a warning). The layers
-    make the same choice at their first call, whatever route mapped them (kernelize_rotary,
-    kernel_config, kernel_mapping registered for kernels.kernelize, a KernelConfig written by
-    hand); this makes it up front, so that a first call traced by torch.compile finds it made."""
+    """What runs each rotary function `model`'s attention modules call, by "<family>.<function>":
+    the package's layer of the function's variant, or, where it is none, the reason transformers'
+    own function runs (with a warning). The layers make this choice at their first call, whatever
+    route mapped them; made up front, a first call traced by torch.compile finds it made."""
     found = {}
     for family in families_in(model):
         module = _modeling_module(family)
-        for name in NAMES:
-            function = getattr(module, name, None)
-            if function is None or not _attention_classes(module, name):
-                continue
-            if isinstance(function, nn.Module):  # a kernels layer of the function
-                served = layers.serving(function)
-            else:
-                try:
-                    served = classify(function, f"{module.__name__}.{name}")
-                except ValueError as e:
-                    served = layers.Unsupported(function, str(e))
-            if isinstance(served, Variant):
-                found[f"{family}.{name}"] = served.layer_name
-            else:
-                found[f"{family}.{name}"] = served.reason
+        for name, function, _ in _functions(module):
+            layer = isinstance(function, nn.Module)  # a kernels layer of the function
+            served = layers.serving(function) if layer else layers.classified(function, f"{module.__name__}.{name}")
+            found[f"{family}.{name}"] = served.layer_name if isinstance(served, Variant) else served.reason
+            if not isinstance(served, Variant):
                 warnings.warn(f"rope-bwd: transformers' own function runs: {served.reason}", stacklevel=2)
     return found
 
@@ -397,40 +345,17 @@ kernelize_vision_rotary = kernelize_rotary
 
 
 def kernel_config(*families, repo_id: str = REPO_ID, version: int = 1):
-    """transformers' way to choose hub kernels, `from_pretrained(..., kernel_config=...)`, for this
-    package: make_kernelizable(families=...) (by default every family of the installed
-    transformers), so that the model built next registers the vision rotaries' layer names,
-    then a transformers KernelConfig naming the package's layers. Unlike a KernelConfig
-    written by hand, which transformers maps for the mode the model is loaded in (inference)
-    and for accelerators only, it maps every mode on CUDA and CPU: train() keeps the layers."""
-    from .transformers_config import RotaryKernelConfig
-
+    """For `from_pretrained(..., kernel_config=...)`: make_kernelizable(families=...) (by default
+    every family of the installed transformers), so that the model built next registers the
+    layer names, then a transformers KernelConfig naming the package's layers. Unlike one written
+    by hand (mapped for inference and accelerators only), it maps every mode on CUDA and CPU."""
     make_kernelizable(families=list(families) or None)
-    entries = {
-        name: (f"{repo_id}:{layer}", {"version": version, "trust_remote_code": True}) for name, layer in MAPPED.items()
-    }
-    return RotaryKernelConfig(entries, kernel_mapping(repo_id, version=version))
+    options = {"version": version, "trust_remote_code": True}
+    entries = {name: (f"{repo_id}:{layer}", dict(options)) for name, layer in MAPPED.items()}
+    return internals.RotaryKernelConfig(entries, kernel_mapping(repo_id, version=version), _watch)
 
 
 # ------------------------------------------------------------------ transformers' kernel management
-
-
-def _keep(model, mapping) -> None:
-    """transformers kernelizes a model it loaded with its kernels on again at every change between
-    train() and eval() (each PreTrainedModel inside does so for itself), with its own mapping and
-    the model's `kernel_config` over it: the package's mapping goes into each such kernel_config
-    (over the model's own entries, its flags kept), so that those kernelizations keep its layers."""
-    from transformers import KernelConfig
-
-    for sub in model.modules():
-        if not hasattr(sub, "set_use_kernels"):  # not a transformers PreTrainedModel
-            continue
-        own = getattr(sub, "kernel_config", None)
-        if own is None:
-            sub.kernel_config = KernelConfig(kernel_mapping=dict(mapping))
-        else:
-            flags = {"use_local_kernel": own.use_local_kernel, "inherit_mapping": own.inherit_mapping}
-            sub.kernel_config = KernelConfig(kernel_mapping=own.kernel_mapping | mapping, **flags)
 
 
 class _Watch(NamedTuple):
@@ -452,7 +377,7 @@ def _check_kept(model, args) -> None:
     watch = _WATCHED.get(model)
     if watch is None or torch.compiler.is_compiling():
         return
-    state = (model.training, getattr(model, "kernels_mode", None))
+    state = (model.training, internals.kernels_mode(model))
     if watch.seen[0] == state or watch.seen[1]:
         return
     watch.seen[0] = state

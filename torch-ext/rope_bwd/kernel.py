@@ -2,18 +2,16 @@
 
 One program owns BLOCK_S tokens of one sequence x BLOCK_D rotated pairs, for every head of q and
 k, BLOCK_R // 2 heads of each side at a time. Tensors are [B, S, H, D] (tables [B, S, R]) with a
-stride per axis; a batch of one has batch strides 0 (BATCHED off), and a table shared by the
-batch has batch stride 0. Per pair (x1, x2) and table pairs (c1, c2), (s1, s2)
-(rotary_torch.py states the math):
+stride per axis; batch stride 0 for a batch of one (BATCHED off) or a table shared by the batch.
+Per pair (x1, x2) and table pairs (c1, c2), (s1, s2), as rotary_torch.py:
     forward:  y1 = x1*c1 - x2*s1      y2 = x2*c2 + x1*s2
     adjoint:  y1 = x1*c1 + x2*s2      y2 = x2*c2 - x1*s1
     grad_cos = sum_h (g * x)          grad_sin = sum_h (g * (-x2, x1))
     grad_angles = cos * grad_sin - sin * grad_cos
-A pair is (j, j + HALF) (halves) or (2j, 2j + 1) (INTERLEAVED), over the first 2*HALF channels, or
-the last (LAST); the others (partial rotary) are copied by the programs of the first pair block.
-The table holds a value per channel of the pairs, or one per pair (PAIR_TABLE: channel j for both
-members, whose gradients it sums). The table gradient is summed over
-heads in registers in a fixed order: deterministic. Offsets are int64.
+A pair is (j, j + HALF) or (2j, 2j + 1) (INTERLEAVED) of the first 2*HALF channels, or the last
+(LAST); the programs of the first pair block copy the others. PAIR_TABLE: one table value per pair
+(channel j), its gradient summed over both members. The table gradient is summed over heads in
+registers in a fixed order: deterministic. Offsets are int64.
 """
 
 import triton
@@ -29,13 +27,11 @@ def _stride(seq_len, stride: tl.constexpr):
         return stride
 
 
-# fmt: off
 @triton.jit
 def _pair_tile(
     ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, H: tl.constexpr, HALF: tl.constexpr,
     BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr, PAIR_AXIS_FIRST: tl.constexpr,
-):
-    # fmt: on
+):  # fmt: skip
     """Pointers and mask of BLOCK_D pairs of heads h ([1, BLOCK_H, 1]) of tokens s ([BLOCK_S, 1, 1]):
     [2, S, H, D] (PAIR_AXIS_FIRST) or [S, H, D, 2]; interleaved pairs are contiguous, so their tile
     is flat, [S, H, 2*D] (wide accesses), and is reshaped to [S, H, D, 2] once loaded."""
@@ -57,14 +53,12 @@ def _pair_tile(
     return ptrs, mask
 
 
-# fmt: off
 @triton.jit
 def _load_pairs(
     ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, H: tl.constexpr, HALF: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
     REGS_FIRST: tl.constexpr,
-):
-    # fmt: on
+):  # fmt: skip
     """(x1, x2) [BLOCK_S, BLOCK_H, BLOCK_D] in float32. The pair axis goes where this Triton keeps
     it in each thread's registers (REGS_FIRST, see launch.py); elsewhere Triton would regroup every
     loaded tile through shared memory. One access for both halves also brings the 32-byte sectors
@@ -80,7 +74,6 @@ def _load_pairs(
     return tl.split(x)
 
 
-# fmt: off
 @triton.jit
 def _load_chunk(
     in_q_ptr, in_k_ptr, q_ptr, k_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, stride_in_k_seq,
@@ -88,38 +81,33 @@ def _load_chunk(
     stride_k_dim, s, h, pid_d, seq_len, HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
     REGS_FIRST: tl.constexpr, READ_Q: tl.constexpr, READ_K: tl.constexpr, GRAD_TABLE: tl.constexpr,
-):
-    # fmt: on
+):  # fmt: skip
     """The pairs of heads h of both sides: the rotated inputs (xq, xk) and, for the table gradient,
     q and k (pq, pk); zeros for what is not read, which the compiler drops."""
     zero = tl.zeros((BLOCK_S, BLOCK_H, BLOCK_D), tl.float32)
     xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = zero, zero, zero, zero, zero, zero, zero, zero
-    # fmt: off
     # q's side, then k's, each the rotated input before q or k.
     if READ_Q:
         xq1, xq2 = _load_pairs(in_q_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, s, h, pid_d, seq_len,
-                               HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+                               HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)  # fmt: skip
     if GRAD_TABLE:
         pq1, pq2 = _load_pairs(q_ptr, stride_q_seq, stride_q_head, stride_q_dim, s, h, pid_d, seq_len,
-                               HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+                               HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)  # fmt: skip
     if READ_K:
         xk1, xk2 = _load_pairs(in_k_ptr, stride_in_k_seq, stride_in_k_head, stride_in_k_dim, s, h, pid_d, seq_len,
-                               HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
+                               HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)  # fmt: skip
     if GRAD_TABLE:
         pk1, pk2 = _load_pairs(k_ptr, stride_k_seq, stride_k_head, stride_k_dim, s, h, pid_d, seq_len,
-                               HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)
-    # fmt: on
+                               HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST)  # fmt: skip
     return xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2
 
 
-# fmt: off
 @triton.jit
 def _store_pairs(
     ptr, stride_seq, stride_head, stride_dim, s, h, pid_d, seq_len, y1, y2, H: tl.constexpr, HALF: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROW_STORE: tl.constexpr, REGS_FIRST: tl.constexpr,
-):
-    # fmt: on
+):  # fmt: skip
     """Stores both elements of the pairs by one access. ROW_STORE puts the pair axis on the lanes, so
     that one instruction writes whole rows (where half rows share 32-byte sectors), at the cost of a
     register shuffle."""
@@ -135,13 +123,11 @@ def _store_pairs(
     tl.store(ptrs, y, mask=m)
 
 
-# fmt: off
 @triton.jit
 def _copy_tail(
     in_ptr, out_ptr, stride_in_seq, stride_in_head, stride_in_dim, stride_out_seq, stride_out_head, stride_out_dim, s,
     h, seq_len, H: tl.constexpr, START: tl.constexpr, TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-):
-    # fmt: on
+):  # fmt: skip
     """Channels START .. START + TAIL - 1 of heads h, which partial rotary passes through unchanged."""
     c = START + tl.arange(0, BLOCK_TAIL)[None, None, :]
     m = (s < seq_len) & (h < H) & (c < START + TAIL)
@@ -155,10 +141,9 @@ def _copy_tail(
 def _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_sin_seq, stride_sin_dim, s, ch1,
                  ch2, mask, ANGLES: tl.constexpr, JOINED: tl.constexpr):  # fmt: skip
     """(t1, t2, n1, n2): the table, and sin unless ANGLES, at channels ch1 and ch2 of rows s
-    ([BLOCK_S, BLOCK_D] each) in float32. JOINED: all of them by one access (for 2-byte tables,
-    which Triton regroups right after their load: one load then waits for one round trip, not
-    four; and for cos/sin with an odd HALF); else one access per table and channel set, which
-    Triton regroups where it is used."""
+    ([BLOCK_S, BLOCK_D] each) in float32. JOINED: by one access (2-byte tables, which Triton
+    regroups right after their load: one round trip to wait for, not four; cos/sin with an odd
+    HALF); else one access per table and channel set, regrouped where used."""
     if JOINED:
         ch = tl.join(ch1, ch2)
         m = tl.join(mask, mask)
@@ -183,86 +168,35 @@ def _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_
 
 @triton.jit(do_not_specialize=["seq_len"])
 def rotary_kernel(
-    # fmt: off
-    # Rotated inputs [B, S, HQ, D], [B, S, HK, D]: q, k (forward) or grad_q_embed, grad_k_embed (backward)
-    in_q_ptr,
-    in_k_ptr,
-    # Outputs shaped as the inputs: q_embed, k_embed (forward) or grad_q, grad_k (backward)
-    out_q_ptr,
-    out_k_ptr,
-    # Backward with the table gradient only: q and k
-    q_ptr,
-    k_ptr,
-    # Table [B, S, R]: the angles (ANGLES; sin_ptr unused) or cos, sin; and its gradient
-    table_ptr,
-    sin_ptr,
-    grad_table_ptr,
-    grad_sin_ptr,
-    seq_len,
+    # Rotated inputs [B, S, HQ, D], [B, S, HK, D]: q, k (forward) or grad_q_embed, grad_k_embed (backward); outputs
+    # shaped as them: q_embed, k_embed or grad_q, grad_k; q and k (backward with the table gradient only); the table
+    # [B, S, R]: the angles (ANGLES; sin_ptr unused) or cos, sin; and its gradient
+    in_q_ptr, in_k_ptr, out_q_ptr, out_k_ptr, q_ptr, k_ptr, table_ptr, sin_ptr, grad_table_ptr, grad_sin_ptr, seq_len,
     # Batch strides, in elements (see _stride); all 0 for one sequence
-    stride_in_q_batch: tl.constexpr,
-    stride_in_k_batch: tl.constexpr,
-    stride_out_q_batch: tl.constexpr,
-    stride_out_k_batch: tl.constexpr,
-    stride_q_batch: tl.constexpr,
-    stride_k_batch: tl.constexpr,
-    stride_table_batch: tl.constexpr,
-    stride_sin_batch: tl.constexpr,
-    stride_grad_table_batch: tl.constexpr,
+    stride_in_q_batch: tl.constexpr, stride_in_k_batch: tl.constexpr, stride_out_q_batch: tl.constexpr,
+    stride_out_k_batch: tl.constexpr, stride_q_batch: tl.constexpr, stride_k_batch: tl.constexpr,
+    stride_table_batch: tl.constexpr, stride_sin_batch: tl.constexpr, stride_grad_table_batch: tl.constexpr,
     stride_grad_sin_batch: tl.constexpr,
     # Sizes: heads, rotated pairs per head (R / 2), channels past them (D - R) and their power of 2
-    HQ: tl.constexpr,
-    HK: tl.constexpr,
-    HALF: tl.constexpr,
-    TAIL: tl.constexpr,
-    BLOCK_TAIL: tl.constexpr,
+    HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, TAIL: tl.constexpr, BLOCK_TAIL: tl.constexpr,
     # Strides, in elements (see _stride)
-    stride_in_q_seq: tl.constexpr,
-    stride_in_q_head: tl.constexpr,
-    stride_in_q_dim: tl.constexpr,
-    stride_in_k_seq: tl.constexpr,
-    stride_in_k_head: tl.constexpr,
-    stride_in_k_dim: tl.constexpr,
-    stride_out_q_seq: tl.constexpr,
-    stride_out_q_head: tl.constexpr,
-    stride_out_q_dim: tl.constexpr,
-    stride_out_k_seq: tl.constexpr,
-    stride_out_k_head: tl.constexpr,
-    stride_out_k_dim: tl.constexpr,
-    stride_q_seq: tl.constexpr,
-    stride_q_head: tl.constexpr,
-    stride_q_dim: tl.constexpr,
-    stride_k_seq: tl.constexpr,
-    stride_k_head: tl.constexpr,
-    stride_k_dim: tl.constexpr,
-    stride_table_seq: tl.constexpr,
-    stride_table_dim: tl.constexpr,
-    stride_sin_seq: tl.constexpr,
-    stride_sin_dim: tl.constexpr,
-    stride_grad_table_seq: tl.constexpr,
-    stride_grad_table_dim: tl.constexpr,
-    stride_grad_sin_seq: tl.constexpr,
-    stride_grad_sin_dim: tl.constexpr,
+    stride_in_q_seq: tl.constexpr, stride_in_q_head: tl.constexpr, stride_in_q_dim: tl.constexpr,
+    stride_in_k_seq: tl.constexpr, stride_in_k_head: tl.constexpr, stride_in_k_dim: tl.constexpr,
+    stride_out_q_seq: tl.constexpr, stride_out_q_head: tl.constexpr, stride_out_q_dim: tl.constexpr,
+    stride_out_k_seq: tl.constexpr, stride_out_k_head: tl.constexpr, stride_out_k_dim: tl.constexpr,
+    stride_q_seq: tl.constexpr, stride_q_head: tl.constexpr, stride_q_dim: tl.constexpr,
+    stride_k_seq: tl.constexpr, stride_k_head: tl.constexpr, stride_k_dim: tl.constexpr,
+    stride_table_seq: tl.constexpr, stride_table_dim: tl.constexpr, stride_sin_seq: tl.constexpr,
+    stride_sin_dim: tl.constexpr, stride_grad_table_seq: tl.constexpr, stride_grad_table_dim: tl.constexpr,
+    stride_grad_sin_seq: tl.constexpr, stride_grad_sin_dim: tl.constexpr,
     # Tiling: tokens and pairs per program, heads per chunk (q's and k's together)
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    # What the call computes: the adjoint rotation (backward), angles in the table, interleaved
-    # pairs, a table value per pair, the last channels rotated, which outputs
-    ADJOINT: tl.constexpr,
-    ANGLES: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    PAIR_TABLE: tl.constexpr,
-    LAST: tl.constexpr,
-    WRITE_Q: tl.constexpr,
-    WRITE_K: tl.constexpr,
-    GRAD_TABLE: tl.constexpr,
-    # Several sequences (a batch stride is not 0); code generation (launch.py)
-    BATCHED: tl.constexpr,
-    ROW_STORE: tl.constexpr,
-    REGS_FIRST: tl.constexpr,
-    # fmt: on
-):
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    # What the call computes: the adjoint rotation (backward), angles in the table, interleaved pairs, a table value
+    # per pair, the last channels rotated, which outputs; several sequences (a batch stride is not 0); code generation
+    ADJOINT: tl.constexpr, ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, PAIR_TABLE: tl.constexpr,
+    LAST: tl.constexpr, WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, GRAD_TABLE: tl.constexpr,
+    BATCHED: tl.constexpr, ROW_STORE: tl.constexpr, REGS_FIRST: tl.constexpr,
+):  # fmt: skip
     BLOCK_H: tl.constexpr = BLOCK_R // 2
     # A side is read when it is written or summed for the table gradient.
     READ_Q: tl.constexpr = WRITE_Q or GRAD_TABLE
@@ -279,12 +213,9 @@ def rotary_kernel(
     stride_grad_sin_dim = _stride(seq_len, stride_grad_sin_dim)
 
     if LAST:  # the rotated channels start past the TAIL that passes through (at -TAIL from here)
-        in_q_ptr += TAIL * stride_in_q_dim
-        in_k_ptr += TAIL * stride_in_k_dim
-        out_q_ptr += TAIL * stride_out_q_dim
-        out_k_ptr += TAIL * stride_out_k_dim
-        q_ptr += TAIL * stride_q_dim
-        k_ptr += TAIL * stride_k_dim
+        in_q_ptr, in_k_ptr = in_q_ptr + TAIL * stride_in_q_dim, in_k_ptr + TAIL * stride_in_k_dim
+        out_q_ptr, out_k_ptr = out_q_ptr + TAIL * stride_out_q_dim, out_k_ptr + TAIL * stride_out_k_dim
+        q_ptr, k_ptr = q_ptr + TAIL * stride_q_dim, k_ptr + TAIL * stride_k_dim
     pid_s = tl.program_id(0)
     if BATCHED:  # programs 0 .. B * cdiv(S, BLOCK_S) - 1: the batch's sequences one after the other
         n_tiles = tl.cdiv(seq_len, BLOCK_S)
@@ -295,8 +226,7 @@ def rotary_kernel(
         in_k_ptr += b * _stride(seq_len, stride_in_k_batch)
         out_q_ptr += b * _stride(seq_len, stride_out_q_batch)
         out_k_ptr += b * _stride(seq_len, stride_out_k_batch)
-        q_ptr += b * _stride(seq_len, stride_q_batch)
-        k_ptr += b * _stride(seq_len, stride_k_batch)
+        q_ptr, k_ptr = q_ptr + b * _stride(seq_len, stride_q_batch), k_ptr + b * _stride(seq_len, stride_k_batch)
         table_ptr += b * _stride(seq_len, stride_table_batch)
         sin_ptr += b * _stride(seq_len, stride_sin_batch)
         grad_table_ptr += b * _stride(seq_len, stride_grad_table_batch)
@@ -314,8 +244,7 @@ def rotary_kernel(
     else:
         ch1 = j[None, :]
         ch2 = ch1 + HALF
-    s2 = s[:, None]
-    s3 = s[:, None, None]
+    s2, s3 = s[:, None], s[:, None, None]
 
     # The table and the first chunk of heads are loaded in the order that leaves a program one DRAM
     # round trip to wait for: 4-byte tables first, by separate loads (cos and sin of angles then
@@ -326,84 +255,67 @@ def rotary_kernel(
     if TABLE_FIRST:
         t1, t2, n1, n2 = _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_sin_seq,
                                       stride_sin_dim, s2, ch1, ch2, mask_sj, ANGLES, False)  # fmt: skip
-    # fmt: off
     h = tl.arange(0, BLOCK_H)[None, :, None]
     xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = _load_chunk(
         in_q_ptr, in_k_ptr, q_ptr, k_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim, stride_in_k_seq,
         stride_in_k_head, stride_in_k_dim, stride_q_seq, stride_q_head, stride_q_dim, stride_k_seq, stride_k_head,
         stride_k_dim, s3, h, pid_d, seq_len, HQ, HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, REGS_FIRST,
-        READ_Q, READ_K, GRAD_TABLE)
-    # fmt: on
+        READ_Q, READ_K, GRAD_TABLE)  # fmt: skip
     if not TABLE_FIRST:
         t1, t2, n1, n2 = _load_tables(table_ptr, sin_ptr, stride_table_seq, stride_table_dim, stride_sin_seq,
                                       stride_sin_dim, s2, ch1, ch2, mask_sj, ANGLES, True)  # fmt: skip
     if ANGLES:  # once per token row, for all the heads
-        c1 = tl.cos(t1)
-        c2 = tl.cos(t2)
-        n1 = tl.sin(t1)
-        n2 = tl.sin(t2)
+        c1, c2, n1, n2 = tl.cos(t1), tl.cos(t2), tl.sin(t1), tl.sin(t2)
     else:
-        c1 = t1
-        c2 = t2
+        c1, c2 = t1, t2
     # y1 = x1*c1 + x2*a, y2 = x2*c2 + x1*b: the adjoint swaps which sine goes where.
     if ADJOINT:
-        a = n2[:, None, :]
-        b = -n1[:, None, :]
+        a, b = n2[:, None, :], -n1[:, None, :]
     else:
-        a = -n1[:, None, :]
-        b = n2[:, None, :]
-    c1b = c1[:, None, :]
-    c2b = c2[:, None, :]
+        a, b = -n1[:, None, :], n2[:, None, :]
+    c1b, c2b = c1[:, None, :], c2[:, None, :]
 
-    gc1 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
-    gc2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
-    gs1 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
-    gs2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
+    gc1, gc2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32), tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
+    gs1, gs2 = tl.zeros((BLOCK_S, BLOCK_D), tl.float32), tl.zeros((BLOCK_S, BLOCK_D), tl.float32)
     for h0 in range(0, HQ if HQ > HK else HK, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H))[None, :, None]
         if h0 > 0:  # every load of a chunk, both sides', before any store (which may alias them)
-            # fmt: off
             xq1, xq2, xk1, xk2, pq1, pq2, pk1, pk2 = _load_chunk(
                 in_q_ptr, in_k_ptr, q_ptr, k_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim,
                 stride_in_k_seq, stride_in_k_head, stride_in_k_dim, stride_q_seq, stride_q_head, stride_q_dim,
                 stride_k_seq, stride_k_head, stride_k_dim, s3, h, pid_d, seq_len, HQ, HK, HALF, BLOCK_S, BLOCK_H,
-                BLOCK_D, INTERLEAVED, REGS_FIRST, READ_Q, READ_K, GRAD_TABLE)
-            # fmt: on
+                BLOCK_D, INTERLEAVED, REGS_FIRST, READ_Q, READ_K, GRAD_TABLE)  # fmt: skip
         if GRAD_TABLE:
             # One reduction per quantity over both sides (masked heads hold zeros).
             gc1 += tl.sum(xq1 * pq1 + xk1 * pk1, axis=1)
             gc2 += tl.sum(xq2 * pq2 + xk2 * pk2, axis=1)
             gs1 -= tl.sum(xq1 * pq2 + xk1 * pk2, axis=1)
             gs2 += tl.sum(xq2 * pq1 + xk2 * pk1, axis=1)
-        # fmt: off
         if WRITE_Q:
             _store_pairs(out_q_ptr, stride_out_q_seq, stride_out_q_head, stride_out_q_dim, s3, h, pid_d, seq_len,
                          xq1 * c1b + xq2 * a, xq2 * c2b + xq1 * b,
-                         HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, ROW_STORE, REGS_FIRST)
+                         HQ, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, ROW_STORE, REGS_FIRST)  # fmt: skip
         if WRITE_K:
             _store_pairs(out_k_ptr, stride_out_k_seq, stride_out_k_head, stride_out_k_dim, s3, h, pid_d, seq_len,
                          xk1 * c1b + xk2 * a, xk2 * c2b + xk1 * b,
-                         HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, ROW_STORE, REGS_FIRST)
+                         HK, HALF, BLOCK_S, BLOCK_H, BLOCK_D, INTERLEAVED, ROW_STORE, REGS_FIRST)  # fmt: skip
         if BLOCK_TAIL > 0:
             if pid_d == 0:
                 if WRITE_Q:
                     _copy_tail(in_q_ptr, out_q_ptr, stride_in_q_seq, stride_in_q_head, stride_in_q_dim,
                                stride_out_q_seq, stride_out_q_head, stride_out_q_dim, s3, h, seq_len,
-                               HQ, -TAIL if LAST else 2 * HALF, TAIL, BLOCK_TAIL)
+                               HQ, -TAIL if LAST else 2 * HALF, TAIL, BLOCK_TAIL)  # fmt: skip
                 if WRITE_K:
                     _copy_tail(in_k_ptr, out_k_ptr, stride_in_k_seq, stride_in_k_head, stride_in_k_dim,
                                stride_out_k_seq, stride_out_k_head, stride_out_k_dim, s3, h, seq_len,
-                               HK, -TAIL if LAST else 2 * HALF, TAIL, BLOCK_TAIL)
-        # fmt: on
+                               HK, -TAIL if LAST else 2 * HALF, TAIL, BLOCK_TAIL)  # fmt: skip
 
     if GRAD_TABLE:
         g1 = grad_table_ptr + s2 * stride_grad_table_seq
         if ANGLES:  # d/dangle (cos, sin) = (-sin, cos)
-            gt1 = c1 * gs1 - n1 * gc1
-            gt2 = c2 * gs2 - n2 * gc2
+            gt1, gt2 = c1 * gs1 - n1 * gc1, c2 * gs2 - n2 * gc2
         else:
-            gt1 = gc1
-            gt2 = gc2
+            gt1, gt2 = gc1, gc2
             g2 = grad_sin_ptr + s2 * stride_grad_sin_seq
             if PAIR_TABLE:
                 tl.store(g2 + ch1 * stride_grad_sin_dim, (gs1 + gs2).to(grad_sin_ptr.dtype.element_ty), mask=mask_sj)

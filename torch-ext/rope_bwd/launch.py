@@ -1,12 +1,11 @@
 """Launches of kernel.rotary_kernel: the configuration, the constexprs, the grid.
 
-Compiled once per layout, never per sequence length or batch size: the only runtime arguments
-are the pointers and seq_len, the batch is the grid's, and a stride that grows with S (the heads
-of sdpa's [B, H, S, D] gradient seen as [B, S, H, D], the batch of most tensors) is passed as the
-constexpr -a for a*S (`encode_strides`). Eager
-calls find their _Route by the call's signature (one dict lookup for shapes, strides and dtypes
-seen before), its plan cached by layout, and launch through fast_launch where it works, else
-through `rotary_kernel[grid]`; calls traced by torch.compile through wrap_triton.
+Compiled once per layout, never per sequence length or batch size: the runtime arguments are the
+pointers and seq_len, the batch is the grid's, and a stride that grows with S (the heads of sdpa's
+[B, H, S, D] gradient seen as [B, S, H, D], the batch of most tensors) is passed as the constexpr
+-a for a*S (`encode_strides`). Eager calls find their _Route by the call's signature (one dict
+lookup), its plan cached by layout, and launch through fast_launch where it works, else through
+`rotary_kernel[grid]`; calls traced by torch.compile through wrap_triton.
 """
 
 import functools
@@ -34,18 +33,14 @@ def launch_fwd(
 ):  # fmt: skip
     """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles`.
 
-    q [S, HQ, D], k [S, HK, D]; tables [S, R], R even, R <= D (channels R.. pass through);
-    or batched: q [B, S, HQ, D], k [B, S, HK, D], tables [B, S, R] or [1, S, R]; any strides;
-    float32/bfloat16/float16, math in float32, each output in its own dtype.
-    pairs: rotary_torch's flags (True: pairs (2j, 2j + 1), else (j, j + R/2)). config: {BLOCK_S, BLOCK_D, BLOCK_R,
-    num_warps}, or None for tuning.get_config's. Runs on the tensors' device. heads_first: q, k
-    and their outputs given as [B, H, S, D] (the decoders' attention views: what the kernel reads
-    as [B, S, H, D], transposed), read as such with no view made.
+    q [(B,) S, HQ, D], k [(B,) S, HK, D], tables [(B or 1,) S, R], R even, R <= D (channels R..
+    pass through), any strides; float32/bfloat16/float16, math in float32, each output in its own
+    dtype. pairs: rotary_torch's flags. config: {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}, or None for
+    tuning.get_config's. heads_first: q, k and their outputs [B, H, S, D], read with no view made.
 
-    Returns the launch's _Route (None where nothing was launched, or traced). Given back as
-    `route` with tensors of the call's dtypes and memory layouts, it launches with no lookup:
-    only the tensors' addresses are read then, so views of them in another order serve; where an
-    address's 16-byte alignment differs from the route's, nothing is launched and None returned.
+    Returns the launch's _Route (None where nothing was launched, or traced). Given back as `route`
+    with tensors of the call's dtypes and layouts, it launches reading only their addresses (so
+    views in another order serve); None, nothing launched, where an alignment differs from it.
     """
     table = angles if angles is not None else cos
     tensors = (q, k, q_out, k_out, None, None, table, sin, None, None)
@@ -53,27 +48,12 @@ def launch_fwd(
 
 
 def launch_bwd(
-    *,
-    grad_q_embed,
-    grad_k_embed,
-    grad_q=None,
-    grad_k=None,
-    q=None,
-    k=None,
-    cos=None,
-    sin=None,
-    angles=None,
-    grad_cos=None,
-    grad_sin=None,
-    grad_angles=None,
-    pairs=False,
-    config=None,
-    heads_first=False,
-):
+    *, grad_q_embed, grad_k_embed, grad_q=None, grad_k=None, q=None, k=None, cos=None, sin=None, angles=None,
+    grad_cos=None, grad_sin=None, grad_angles=None, pairs=False, config=None, heads_first=False,
+):  # fmt: skip
     """The backward of launch_fwd: grad_q, grad_k (the adjoint rotation of the upstream gradients)
-    where given; with q and k given, the table gradient, into grad_angles or grad_cos and
-    grad_sin (shaped [B, S, R] when q is batched). What is not given is neither read nor written.
-    heads_first: as for launch_fwd, of the upstream gradients, q, k and their gradients."""
+    where given; with q and k given, the table gradient into grad_angles or grad_cos and grad_sin
+    ([B, S, R] when q is batched). What is not given is neither read nor written."""
     table = angles if angles is not None else cos
     grad_table = grad_angles if angles is not None else grad_cos
     tensors = (grad_q_embed, grad_k_embed, grad_q, grad_k, q, k, table, sin, grad_table, grad_sin)
@@ -105,10 +85,9 @@ _ROUTES = {}  # a call's signature -> its _Route
 
 def _route(tensors, adjoint, pairs, config, heads_first):
     """(the _Route of a call, None for no tokens; the tensors' addresses, 0 for None). Cached by the
-    call's signature (shapes, strides, dtypes, 16-byte alignment: a raw key, cheap to build; its
-    plan is cached by what does not change with S, _layout), unless the configuration is given (the
-    tuner's calls). A new signature (a new S) is read from that key's tuples, not the tensors:
-    its host time stays that of the lookup it replaces."""
+    call's signature (shapes, strides, dtypes, 16-byte alignment), unless the configuration is
+    given (the tuner's); its plan by what does not change with S (_layout). A new signature is read
+    from that key's tuples, not the tensors: its host time stays that of the lookup it replaces."""
     ptrs, sig = [], [adjoint, pairs, heads_first, tensors[0].device]
     for t in tensors:  # one pass: host time
         p = 0 if t is None else t.data_ptr()
@@ -124,11 +103,10 @@ def _route(tensors, adjoint, pairs, config, heads_first):
     if heads_first:  # [B, H, S, D] read as the kernel's [B, S, H, D]
         metas = [m if m is None or i >= 6 else (*((x[0], x[2], x[1], x[3]) for x in m[:2]), *m[2:])
                  for i, m in enumerate(metas)]  # fmt: skip
-    (shape_q, strides_q, dtype_q, _), shape_k, table = metas[0], metas[1][0], metas[6][0]
-    B, S = (shape_q[0], shape_q[1]) if len(shape_q) == 4 else (1, shape_q[0])
+    shape_q, strides_q, dtype_q, _ = metas[0]
+    B, S, sizes = _sizes(shape_q, metas[1][0], metas[6][0])
     if S == 0 or B == 0:
         return None, ptrs
-    sizes = (shape_q[-2], shape_k[-2], shape_q[-1], table[-1])
     chosen = config
     if chosen is None:
         outside = adjoint and _outside(S, sizes[0], strides_q[-3], strides_q[-2])
@@ -148,18 +126,16 @@ def _heads_last(tensors):
     return tuple(t if t is None or i >= 6 else t.transpose(-3, -2) for i, t in enumerate(tensors))
 
 
-def _sizes(tensors):
-    """B, S and the constexpr sizes (HQ, HK, D, R) of a call: ints, specialized where a trace has
-    them symbolic (B and S stay as they are)."""
-    x_q, x_k = tensors[0], tensors[1]
-    B, S = (x_q.shape[0], x_q.shape[1]) if x_q.dim() == 4 else (1, x_q.shape[0])
-    return B, S, (int(x_q.shape[-2]), int(x_k.shape[-2]), int(x_q.shape[-1]), int(tensors[6].shape[-1]))
+def _sizes(q, k, table):
+    """B, S and the constexpr sizes (HQ, HK, D, R) of the shapes of q, k and the table: ints,
+    specialized where a trace has them symbolic (B and S stay as they are)."""
+    B, S = (q[0], q[1]) if len(q) == 4 else (1, q[0])
+    return B, S, (int(q[-2]), int(k[-2]), int(q[-1]), int(table[-1]))
 
 
 def _config(adjoint, grad_table, sizes, tokens, dtype, device, heads_outside):
-    """tuning.get_config's configuration of a call; sizes: (HQ, HK, D, R); tokens: the batch's
-    tokens, what sets the number of programs (a hint where they are symbolic); heads_outside:
-    the upstream gradient's heads lie outside its tokens (_outside: sdpa's layout)."""
+    """tuning.get_config's configuration; sizes: (HQ, HK, D, R); tokens: the batch's (a hint where
+    symbolic); heads_outside: the upstream gradient's heads lie outside its tokens (sdpa's)."""
     HQ, HK, _, R = sizes
     mode = "fwd" if not adjoint else ("bwd" if grad_table else "bwd_qk")
     layout = "sdpa" if adjoint and heads_outside else ""
@@ -211,25 +187,18 @@ def _size_hint(n) -> int:
 
 
 def _heads_outside(x) -> bool:
-    """Whether x [(B,) S, H, D] has its heads laid out outside its tokens, as sdpa's gradient:
-    the backward has configurations of its own there. Read from size hints: no guard."""
+    """_outside of x [(B,) S, H, D], read from size hints: no guard."""
     return _outside(*(_size_hint(n) for n in (*x.shape[-3:-1], *x.stride()[-3:-1])))
 
 
 def _outside(S, H, st_s, st_h) -> bool:
-    """_heads_outside of x's token count, head count, token stride and head stride."""
+    """Whether heads lie outside the tokens, as in sdpa's gradient (configurations of its own)."""
     return S > 1 and H > 1 and st_h >= S * st_s > 0
 
 
-def role_strides(t, heads: bool) -> tuple:
-    """t's strides by role, the tokens' first: (seq, batch, head, dim) of q-like tensors
-    ([S, H, D] or [B, S, H, D]), (seq, batch, dim) of tables ([S, R] or [B, S, R]). The batch
-    stride is 0 where there is one sequence or one table for all (a batch of size 1)."""
-    return _roles(t.shape, tuple(t.stride()), heads)
-
-
 def _roles(shape, st, heads: bool) -> tuple:
-    """role_strides of a tensor's shape and strides."""
+    """Strides by role, the tokens' first: (seq, batch, head, dim) of q-like tensors ([(B,) S, H,
+    D]), (seq, batch, dim) of tables ([(B,) S, R]); batch 0 for one sequence or one table for all."""
     n = 3 if heads else 2
     return (st[-n], st[0] if len(shape) > n and shape[0] != 1 else 0, *st[-n + 1 :])
 
@@ -245,9 +214,8 @@ def encode_strides(strides, S):
 
 
 def _encode_traced(strides, S):
-    """encode_strides for torch.compile's traced tensors, where S and the strides that grow with
-    it may be symbolic: such a stride is a*S, whose coefficient sympy reads off. None for a
-    symbolic stride of another form."""
+    """encode_strides where S and the strides growing with it may be symbolic (a*S: sympy reads
+    off a); None for a symbolic stride of another form."""
     ints = [_as_int(st) for st in (S, *strides)]
     if None not in ints:
         return encode_strides(ints[1:], ints[0])
@@ -297,20 +265,9 @@ def _pointer_args(tensors):
     """The ten tensors, each unused one replaced by a used tensor of its kind (an output for
     outputs, an input for inputs): every argument is valid, and inductor, which reads what the
     kernel stores to, sees no input written. The constexpr flags compile their accesses away."""
-    x_q, x_k, y_q, y_k, p_q, p_k, t0, t1, g0, g1 = tensors
-    y_any = next(t for t in (y_q, y_k, g0) if t is not None)
-    return (
-        x_q,
-        x_k,
-        y_q if y_q is not None else y_any,
-        y_k if y_k is not None else y_any,
-        p_q if p_q is not None else x_q,
-        p_k if p_k is not None else x_k,
-        t0,
-        t1 if t1 is not None else t0,
-        g0 if g0 is not None else y_any,
-        g1 if g1 is not None else y_any,
-    )
+    x_q, x_k, y_q, y_k, _, _, t0, _, g0, _ = tensors
+    y = next(t for t in (y_q, y_k, g0) if t is not None)
+    return tuple(t if t is not None else f for t, f in zip(tensors, (x_q, x_k, y, y, x_q, x_k, t0, t0, y, y)))
 
 
 def _constexprs(HQ, HK, D, R, adjoint, pairs, layout, config):
@@ -330,28 +287,13 @@ def _constexprs(HQ, HK, D, R, adjoint, pairs, layout, config):
     row_store = grad_table is None and not pairs & INTERLEAVED and (half * out_dtype.itemsize) % 32 != 0
     tail = D - 2 * half
     return dict(
-        HQ=HQ,
-        HK=HK,
-        HALF=half,
-        TAIL=tail,
-        BLOCK_TAIL=triton.next_power_of_2(tail) if tail else 0,
-        **strides,
-        BLOCK_S=cfg["BLOCK_S"],
-        BLOCK_D=cfg["BLOCK_D"],
-        BLOCK_R=cfg["BLOCK_R"],
-        ADJOINT=adjoint,
-        ANGLES=sin is None,
-        INTERLEAVED=bool(pairs & INTERLEAVED),
-        PAIR_TABLE=bool(pairs & PAIR_TABLE),
-        LAST=bool(pairs & LAST),
-        WRITE_Q=out_q is not None,
-        WRITE_K=out_k is not None,
-        GRAD_TABLE=grad_table is not None,
-        BATCHED=any(v != 0 for n, v in strides.items() if n.endswith("_batch")),
-        ROW_STORE=row_store,
-        REGS_FIRST=REGS_FIRST,
-        num_warps=cfg["num_warps"],
-    )
+        HQ=HQ, HK=HK, HALF=half, TAIL=tail, BLOCK_TAIL=triton.next_power_of_2(tail) if tail else 0, **strides,
+        BLOCK_S=cfg["BLOCK_S"], BLOCK_D=cfg["BLOCK_D"], BLOCK_R=cfg["BLOCK_R"], ADJOINT=adjoint, ANGLES=sin is None,
+        INTERLEAVED=bool(pairs & INTERLEAVED), PAIR_TABLE=bool(pairs & PAIR_TABLE), LAST=bool(pairs & LAST),
+        WRITE_Q=out_q is not None, WRITE_K=out_k is not None, GRAD_TABLE=grad_table is not None,
+        BATCHED=any(v != 0 for n, v in strides.items() if n.endswith("_batch")), ROW_STORE=row_store,
+        REGS_FIRST=REGS_FIRST, num_warps=cfg["num_warps"],
+    )  # fmt: skip
 
 
 class _Plan:
@@ -375,13 +317,12 @@ def _plan(HQ, HK, D, R, adjoint, pairs, layout, config, device):
 
 
 def _launch_traced(tensors, adjoint, pairs, config):
-    """The launch under torch.compile (fake or functional tensors): through wrap_triton, so that
-    inductor launches the kernel from its generated code. S may be symbolic; the head counts,
-    head_dim and table width are made ints (specialized). An input with a symbolic stride that
-    is not a multiple of S is made contiguous first."""
+    """The launch under torch.compile, through wrap_triton (inductor launches the kernel from its
+    generated code). S may be symbolic, the other sizes are specialized; an input with a symbolic
+    stride that is not a multiple of S is made contiguous first."""
     from torch.library import wrap_triton
 
-    B, S, sizes = _sizes(tensors)
+    B, S, sizes = _sizes(tensors[0].shape, tensors[1].shape, tensors[6].shape)
     if S == 0 or B == 0:
         return
     x_q = tensors[0]
@@ -391,7 +332,7 @@ def _launch_traced(tensors, adjoint, pairs, config):
                          outside)  # fmt: skip
 
     def encoded(i, t):
-        return _encode_traced(role_strides(t, i < 6), S)
+        return _encode_traced(_roles(t.shape, tuple(t.stride()), i < 6), S)
 
     tensors = tuple(
         t if t is None or i in (2, 3, 8, 9) or encoded(i, t) is not None else t.contiguous()

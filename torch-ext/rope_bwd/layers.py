@@ -1,13 +1,11 @@
-"""Layers for kernels.kernelize: one per variant of transformers' rotary functions (variants.py's
-classification table). Stateless classes, made from the table: kernels accepts no members but
-forward (and its two flags), and checks that forward's parameters are those of the function it
-replaces, so the variant is the class, held by forward's closure.
+"""Layers for kernels.kernelize, one per variant (variants.py): stateless classes (kernels accepts
+no members but forward and its two flags, and checks forward's parameters against the function's),
+the variant held by forward's closure.
 
-kernels maps a layer name to a layer, never a family to one: a layer may be given a function of
-another variant (transformers marks GPT-OSS's function with Llama's name, "rotary_pos_emb").
-So each layer's forward first asks which variant the function it replaces computes (`serving`,
-once per function): its own, that of another layer, which it runs instead, or none, where
-transformers' own function runs, with one warning naming the family and the reason.
+kernels maps a layer name to a layer, never a family: a layer may be given a function of another
+variant (transformers marks GPT-OSS's function with Llama's "rotary_pos_emb"). So each forward
+first asks which variant the function it replaces computes (`serving`, once per function) and
+runs that layer, or transformers' function, with one warning naming the family and the reason.
 """
 
 import warnings
@@ -69,8 +67,7 @@ globals().update({cls.__name__: cls for cls in LAYERS.values()})  # layers.<name
 
 
 class Unsupported:
-    """What serves a function that is none of the variants: the function itself, with a warning
-    at its first call."""
+    """What serves a function none of the variants: the function, with a warning at its first call."""
 
     def __init__(self, function, reason):
         self.function, self.reason, self.warned = function, reason, False
@@ -86,22 +83,24 @@ _SERVING = {cls: v for v, cls in LAYERS.items()}  # module type -> its Variant, 
 
 
 def serving(module):
-    """What serves the rotary function `module` stands for (a kernels layer of a function, as
-    kernelize gives it one of these layers' forward): the Variant of the function, classified
-    once per function, or Unsupported. A module that wraps no function (a layer used as a module)
-    is served by its own layer's variant."""
+    """What serves the function `module` (a kernels layer of a function) stands for: its Variant,
+    classified once, or Unsupported; a module wrapping no function, its own layer's variant."""
     served = _SERVING.get(type(module))
     if served is None:
         function = internals.kernels_function(type(module))
         if function is None:
             return next((v for v, cls in LAYERS.items() if isinstance(module, cls)), None)
         name = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
-        try:
-            served = classify(function, name)
-        except ValueError as e:
-            served = Unsupported(function, str(e))
-        _SERVING[type(module)] = served
+        served = _SERVING[type(module)] = classified(function, name)
     return served
+
+
+def classified(function, name):
+    """The Variant of `function` (classify), or Unsupported with classify's reason."""
+    try:
+        return classify(function, name)
+    except ValueError as e:
+        return Unsupported(function, str(e))
 
 
 def _serve(served, module, *args, **kwargs):

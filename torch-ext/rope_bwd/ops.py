@@ -1,14 +1,12 @@
-"""The custom ops, their autograd, and the public functions.
-
-Ops (named through add_op_namespace_prefix, so that several builds load in one process):
+"""The custom ops, their autograd, and the public functions. Ops (add_op_namespace_prefix'd, so
+that several builds load in one process), `table` the angles when `sin` is None, else cos, `pairs`
+rotary_torch's flags, outputs not asked for empty:
     rotary_fwd(q, k, table, sin?, pairs) -> (q_embed, k_embed)
     rotary_bwd(gq, gk, q?, k?, table, sin?, need_q, need_k, pairs) -> (dq, dk, dtable, dsin)
     rope_bwd_out(..., interleaved)   the backward of rope_fwd written into the caller's buffers
-`table` holds the angles when `sin` is None, else cos; `pairs` rotary_torch's flags (a bool serves:
-interleaved); outputs not asked for come back empty.
-The first two are triton_ops, which torch.compile traces into. Eager calls take EagerRotary,
-without a dispatcher round trip (host time); torch.func transforms and higher derivatives
-take derivatives.py's Functions. CUDA tensors run the kernel, CPU and float64 rotary_torch.
+The first two are triton_ops (torch.compile traces into them). Eager calls take EagerRotary (no
+dispatcher round trip), torch.func transforms and higher derivatives RotaryFn and RotaryGrad
+(derivatives.py's rules). CUDA tensors run the kernel, CPU and float64 rotary_torch.
 """
 
 import functools
@@ -28,9 +26,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _use_triton(q: Tensor, k: Tensor, table: Tensor) -> bool:
-    """CUDA tensors run the kernel where Triton runs it (_triton_runs_on); eager CPU tensors too
-    under TRITON_INTERPRET=1 (traced CPU calls fuse rotary_torch's math). float64 runs
-    rotary_torch: the kernel computes in float32."""
+    """CUDA tensors run the kernel where Triton runs (_triton_runs_on); eager CPU tensors too under
+    TRITON_INTERPRET=1. float64 runs rotary_torch: the kernel computes in float32."""
     if torch.float64 in (q.dtype, k.dtype, table.dtype):
         return False
     return _triton_runs_on(q.device) if q.is_cuda else _INTERPRET and type(q) is Tensor
@@ -69,9 +66,8 @@ def _table_grads(sin, grad_table, grad_sin) -> dict:
 
 
 def _empty_like(t: Tensor, heads_first=False) -> Tensor:
-    """An output for t, contiguous in the kernel's [(B,) S, H, D] order; for t [B, H, S, D]
-    (heads_first) that memory in t's order, made as such: a view would cost host time, and an
-    autograd.Function's output may not be one."""
+    """An output for t, contiguous in the kernel's [(B,) S, H, D] order, made in t's order for t
+    [B, H, S, D] (heads_first): a view would cost host time, and a Function's output may not be one."""
     if not heads_first:
         return torch.empty_like(t, memory_format=torch.contiguous_format)
     _, H, S, D = t.shape
@@ -102,9 +98,8 @@ def _forward(q, k, table, sin, pairs, heads_first=False):
 
 
 def _pass_prefix(n, heads, *pairs_in_out):
-    """Copies the first n tokens of each (input, output) pair (None where absent) to the output:
-    those the table does not cover pass through. Returns the rest of the inputs, then of the
-    outputs: the views the kernel rotates."""
+    """Copies the first n tokens (those the table does not cover) of each (input, output) pair to
+    the output; returns the rest of the inputs, then of the outputs: the views the kernel rotates."""
     for x, y in pairs_in_out:
         if x is not None and y is not None:
             rotary_torch.tokens(y, n, heads)[0].copy_(rotary_torch.tokens(x, n, heads)[0])
@@ -139,8 +134,7 @@ def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs, out=None, hea
 
 
 def _grad_rows(table: Tensor, gq: Tensor) -> Tensor:
-    """The kernel's buffer for a table's gradient: one row per sequence and token, [B, S, R] for
-    a table [1, S, R] shared by a batch of B."""
+    """The kernel's buffer for a table's gradient: [B, S, R] for a table [1, S, R] shared by B."""
     if gq.dim() == 4 and table.shape[0] != gq.shape[0]:
         return table.new_empty((gq.shape[0], *table.shape[1:]))
     return _empty_like(table)
@@ -167,19 +161,15 @@ def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], pairs
     return forward_impl(q, k, table, sin, pairs)
 
 
+_OUT_AND_INPUTS = ("grad_q", "grad_k", "grad_embeddings", "grad_q_embed", "grad_k_embed", "q", "k", "embeddings")
+
+
 # torch.library reads the op's schema from the full signature.
 @_triton_op("rotary_bwd")
 def rotary_bwd(
-    gq: Tensor,
-    gk: Tensor,
-    q: Optional[Tensor],
-    k: Optional[Tensor],
-    table: Tensor,
-    sin: Optional[Tensor],
-    need_q: bool,
-    need_k: bool,
-    pairs: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    gq: Tensor, gk: Tensor, q: Optional[Tensor], k: Optional[Tensor], table: Tensor, sin: Optional[Tensor],
+    need_q: bool, need_k: bool, pairs: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     outs = backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs)
     likes = (gq, gk, table, table)
     return tuple(o if o is not None else like.new_empty((0,)) for o, like in zip(outs, likes))
@@ -187,28 +177,12 @@ def rotary_bwd(
 
 @torch.library.custom_op(add_op_namespace_prefix("rope_bwd_out"), mutates_args=("grad_q", "grad_k", "grad_embeddings"))
 def rope_bwd_out(
-    grad_q_embed: Tensor,
-    grad_k_embed: Tensor,
-    q: Tensor,
-    k: Tensor,
-    embeddings: Tensor,
-    grad_q: Tensor,
-    grad_k: Tensor,
-    grad_embeddings: Tensor,
-    interleaved: bool = False,
-) -> None:
-    outs = [("grad_q", grad_q), ("grad_k", grad_k), ("grad_embeddings", grad_embeddings)]
-    ins = [
-        ("grad_q_embed", grad_q_embed),
-        ("grad_k_embed", grad_k_embed),
-        ("q", q),
-        ("k", k),
-        ("embeddings", embeddings),
-    ]
-    check_out_memory("rope_bwd", outs, ins)
-    backward_impl(
-        grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True, interleaved, (grad_q, grad_k, grad_embeddings)
-    )
+    grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, grad_q: Tensor,
+    grad_k: Tensor, grad_embeddings: Tensor, interleaved: bool = False,
+) -> None:  # fmt: skip
+    outs, ins = (grad_q, grad_k, grad_embeddings), (grad_q_embed, grad_k_embed, q, k, embeddings)
+    check_out_memory("rope_bwd", [*zip(_OUT_AND_INPUTS[:3], outs)], [*zip(_OUT_AND_INPUTS[3:], ins)])
+    backward_impl(*ins[:4], embeddings, None, True, True, interleaved, outs)
 
 
 @rope_bwd_out.register_fake
@@ -237,24 +211,89 @@ def backward(ctx, gq, gk):
         dq, dk, dt, ds = rotary_grad(*args, heads_first=ctx.heads_first)
     else:
         dq, dk, dt, ds = ctx.bwd(*args, heads_first=True) if ctx.heads_first else ctx.bwd(*args)
-    return (
-        dq if need_q else None,
-        dk if need_k else None,
-        dt if need_table else None,
-        ds if sin is not None and need_sin else None,
-        None,
-    )
+    return dq if need_q else None, dk if need_k else None, dt if need_table else None, ds if need_sin else None, None
+
+
+def _maps(pairs):
+    """derivatives.py's F and B, differentiable."""
+    return (lambda *args: rotary(*args, pairs), lambda *args: rotary_grad(*args, pairs))
+
+
+class RotaryFn(torch.autograd.Function):
+    """The rotation for torch.func transforms and forward-mode AD, which need setup_context and
+    jvp and vmap rules (eager calls take EagerRotary, whose context costs less host time)."""
+
+    @staticmethod
+    def forward(q, k, table, sin, pairs):
+        return forward_impl(q, k, table, sin, pairs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        setup_context(ctx, inputs, output)
+        ctx.bwd = rotary_grad  # the transforms run the backward on wrapped tensors
+        ctx.save_for_forward(*inputs[:4])
+
+    backward = staticmethod(backward)
+
+    @staticmethod
+    def jvp(ctx, tq, tk, t_table, t_sin, t_pairs):
+        return derivatives.rotation_jvp(_maps(ctx.pairs)[0], *ctx.saved_tensors, tq, tk, t_table, t_sin)
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, table, sin, pairs):
+        return derivatives.vmap_folded(_maps(pairs)[0], info.batch_size, in_dims[:4], (q, k, table, sin))
+
+
+def grad_setup_context(ctx, inputs, output):
+    *saved, ctx.need_q, ctx.need_k, ctx.pairs = inputs
+    ctx.save_for_backward(*saved)
+
+
+def grad_backward(ctx, vq, vk, v_table, v_sin):
+    F, B = _maps(ctx.pairs)
+    cot = (vq, vk, v_table, v_sin)
+    grads = derivatives.adjoint_vjp(F, B, ctx.saved_tensors, ctx.need_q, ctx.need_k, ctx.needs_input_grad[:6], cot)
+    return (*grads, None, None, None)
+
+
+class RotaryGrad(torch.autograd.Function):
+    """The backward as a differentiable function: backward_impl, derivatives.py's rules for its
+    backward, jvp and vmap."""
+
+    @staticmethod
+    def forward(gq, gk, q, k, table, sin, need_q, need_k, pairs):
+        return backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        grad_setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*inputs[:6])
+
+    backward = staticmethod(grad_backward)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        return derivatives.adjoint_jvp(_maps(ctx.pairs)[1], ctx.saved_tensors, ctx.need_q, ctx.need_k, tangents[:6])
+
+    @staticmethod
+    def vmap(info, in_dims, gq, gk, q, k, table, sin, need_q, need_k, pairs):
+        B = _maps(pairs)[1]
+        return derivatives.vmap_folded(B, info.batch_size, in_dims[:6], (gq, gk, q, k, table, sin), need_q, need_k)
+
+
+def transforms_active() -> bool:
+    """torch.func transforms or a forward-mode AD level are live."""
+    return torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
 
 
 rotary_fwd.register_autograd(backward, setup_context=setup_context)
-rotary_bwd.register_autograd(derivatives.grad_backward, setup_context=derivatives.grad_setup_context)
+rotary_bwd.register_autograd(grad_backward, setup_context=grad_setup_context)
 
 
 class EagerRotary(torch.autograd.Function):
-    """rotary_fwd with its autograd, minus the dispatcher, for eager calls, and q and k in either
-    layout (heads_first: [B, H, S, D], read as they are: no view, no node for one in the graph).
-    The context is set in forward: a separate setup_context binds every apply()'s arguments
-    through inspect."""
+    """rotary_fwd with its autograd minus the dispatcher, for eager calls; heads_first: q and k
+    [B, H, S, D], read with no view. The context is set in forward: a separate setup_context
+    binds every apply()'s arguments through inspect."""
 
     @staticmethod
     def forward(ctx, q, k, table, sin, pairs, heads_first):
@@ -274,9 +313,9 @@ def rotary(q, k, table, sin, pairs, heads_first=False):
     if type(q) is Tensor and not torch.compiler.is_compiling():
         if _untracked(q, k, table, sin):  # as Function.apply would: no node to record
             return forward_impl(q, k, table, sin, pairs, heads_first)
-        if not derivatives.transforms_active():
+        if not transforms_active():
             return EagerRotary.apply(q, k, table, sin, pairs, heads_first)
-        fn = derivatives.RotaryFn.apply
+        fn = RotaryFn.apply
     else:
         fn = rotary_fwd
     if heads_first:
@@ -289,7 +328,7 @@ def _untracked(*tensors) -> bool:
     torch.func transform or forward-mode AD level is live: the forward alone serves."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return False
-    return not derivatives.transforms_active()
+    return not transforms_active()
 
 
 def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, pairs, heads_first=False):
@@ -299,7 +338,7 @@ def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, pairs, heads_first=Fal
         dq, dk, dt, ds = rotary_grad(*_swap_heads(gq, gk, q, k), table, sin, need_q, need_k, pairs)
         return (dq.transpose(-3, -2) if need_q else dq, dk.transpose(-3, -2) if need_k else dk, dt, ds)
     if type(gq) is Tensor and not torch.compiler.is_compiling():
-        return derivatives.RotaryGrad.apply(gq, gk, q, k, table, sin, need_q, need_k, pairs)
+        return RotaryGrad.apply(gq, gk, q, k, table, sin, need_q, need_k, pairs)
     return rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k, pairs)
 
 
@@ -307,28 +346,29 @@ def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, pairs, heads_first=Fal
 
 _DTYPES = """Dtypes: float32, bfloat16 and float16 run the kernel with math in float32; float64 runs
     the PyTorch path in float64 on any device. q and k may differ in dtype (as in transformers):
-    each result has the dtype of the tensor it is the value or gradient of."""
+    each result has the dtype of the tensor it is the value or gradient of.
+
+    Raises:
+        ValueError / TypeError naming the argument (rank, sizes, dtype, device), before any kernel
+        runs or output is written."""
 
 
 def rope_fwd(q: Tensor, k: Tensor, embeddings: Tensor, *, interleaved: bool = False) -> tuple[Tensor, Tensor]:
     """Rotate q and k by the angles `embeddings`: q * cos + rotate_half(q) * sin, same for k.
 
     Args:
-        q: [S, HQ, D], any strides; D even, at most 512.
-        k: [S, HK, D], any strides.
+        q, k: [S, HQ, D] and [S, HK, D], any strides (views of one qkv projection serve); D even,
+            at most 512.
         embeddings: [S, R] angles, R even and at most D (R < D: the first R channels of each
             head are rotated, the rest pass through); cos and sin are taken per element.
-        interleaved: rotate the pairs (2i, 2i + 1) (rotate_pairwise); default (i, i + R/2).
+        interleaved: rotate the pairs (2i, 2i + 1) (rotate_pairwise); default (i, i + R/2)
+            (rotate_half).
 
     Returns:
         (q_embed, k_embed), contiguous, shaped and typed as q and k. Differentiable in q, k and
         embeddings to any order, under torch.func transforms and forward-mode AD.
 
     {dtypes}
-
-    Raises:
-        ValueError / TypeError naming the argument (rank, sizes, dtype, device), before any
-        kernel runs.
     """
     check_inputs("rope_fwd", [("q", q), ("k", k)], [("embeddings", embeddings)])
     return rotary(q, k, embeddings, None, interleaved)
@@ -340,38 +380,28 @@ def apply_rotary_pos_emb_vision(
     """transformers' vision rotary, same signature and dtype behaviour.
 
     Args:
-        q: [S, HQ, D], any strides (e.g. views of one qkv projection); D even, at most 512.
-        k: [S, HK, D], any strides.
-        cos, sin: [S, R], one dtype; R even and at most D. With R < D the first R channels of
-            each head are rotated and the rest pass through (partial rotary).
-        interleaved: rotate the pairs (2i, 2i + 1), as transformers' `rotate_pairwise`;
-            default the pairs (i, i + R/2), as `rotate_half`.
+        q, k, interleaved: as for rope_fwd.
+        cos, sin: [S, R], one dtype, R as rope_fwd's embeddings (R < D: partial rotary).
 
     Returns:
-        (q_embed, k_embed) in the dtypes of q and k, math in float32. Differentiable in q, k,
-        cos and sin; when cos and sin need no gradient the backward reads only the upstream
-        gradients and the tables.
+        (q_embed, k_embed) in the dtypes of q and k. Differentiable in q, k, cos and sin (to any
+        order); without a gradient of cos and sin the backward reads only its upstream gradients
+        and the tables.
 
     {dtypes}
-
-    Raises:
-        ValueError / TypeError naming the argument, before any kernel runs.
     """
     check_inputs("apply_rotary_pos_emb_vision", [("q", q), ("k", k)], [("cos", cos), ("sin", sin)])
     return rotary(q, k, cos, sin, interleaved)
 
 
 def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", heads_axis=None, prefix=False):
-    """A transformers rotary call, checked, through the kernel. The vision form (heads_axis None):
-    q, k [S, H, D] or [B, S, H, D], cos and sin [S, T], shared by the batch. The decoder form:
-    q, k [B, H, S, D] (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B, S, T] or [1, S, T];
-    with prefix, cos and sin [S', T], S' <= S: the first S - S' tokens pass through (DINOv3's
-    class and register tokens). k None for a function of one tensor (its result alone is returned).
-    pairs: rotary_torch's flags (INTERLEAVED, PAIR_TABLE, LAST); repeated: the tables' first half
-    holds a value per pair and the second is not read (GLM: cos[..., :T/2].repeat_interleave(2)).
-    dtypes: each output in its input's dtype ("kept"), in the promotion of its input's dtype with
-    cos's and sin's ("promoted", as a function computing in its inputs' dtypes returns them), or
-    both in q's ("q"). fn names the function in errors.
+    """A transformers rotary call, checked, through the kernel. Vision form (heads_axis None): q, k
+    [(B,) S, H, D], cos and sin [S, T] shared by the batch. Decoder form: q, k [B, H, S, D]
+    (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B or 1, S, T]; with prefix, [S', T], S' <= S:
+    the first S - S' tokens pass through (DINOv3). k None: a function of one tensor (its result
+    alone returned). pairs: rotary_torch's flags; repeated: the tables' first half holds a value
+    per pair (GLM). dtypes: each output in its input's dtype ("kept"), in its promotion with cos's
+    ("promoted"), or both in q's ("q"). fn names the function in errors.
 
     A call like one that passed (_signature) is not checked again; under no grad, where it
     launched the kernel on its inputs as they are, it allocates the outputs and launches that
@@ -433,10 +463,9 @@ _SEEN = {}  # _signature of the rotary_calls that passed the checks -> their _Re
 
 
 def _signature(fn, pairs, dtypes, heads_axis, *tensors):
-    """What rotary_call's checks and launch read of a call: its options and each tensor's kind
-    (a plain Tensor or not), shape, strides, dtype and device. None where it cannot key _SEEN: while
-    tracing (symbolic sizes), or for an argument that is neither a tensor nor None. Plain tuples and
-    flags, no torch.Size or type: the garbage collector stops tracking such a key, so that a new S
+    """What rotary_call's checks and launch read of a call: its options and each tensor's kind,
+    shape, strides, dtype and device; None while tracing or for an argument neither a tensor nor
+    None. Plain tuples (no torch.Size): the garbage collector stops tracking such a key, so a new S
     at every step adds nothing for its full collections to walk."""
     if torch.compiler.is_compiling():
         return None
@@ -449,9 +478,9 @@ def _signature(fn, pairs, dtypes, heads_axis, *tensors):
 
 
 class _Relaunch:
-    """A rotary_call that passed the checks; where it ran the kernel on its inputs' own memory
-    under no grad, its launch (a launch._Route, else None) and its outputs' layout, so that a call
-    of the same signature under no grad allocates the outputs and launches, nothing more."""
+    """A rotary_call that passed the checks and, where it ran the kernel on its inputs' own memory
+    under no grad, its launch (launch._Route) and outputs' layout: a call of its signature under no
+    grad allocates the outputs and launches, nothing more."""
 
     __slots__ = ("route", "pairs", "outs")
 
@@ -491,44 +520,28 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsquee
     """transformers' decoder rotary (Llama's and most families'), same signature and dtypes.
 
     Args:
-        q: [B, HQ, S, D] (unsqueeze_dim=1, the views attention classes pass) or [B, S, HQ, D]
-            (unsqueeze_dim=2), any strides; D even, at most 512.
-        k: [B, HK, S, D] or [B, S, HK, D], any strides; HK may differ from HQ (GQA).
-        cos, sin: [B, S, R] or [1, S, R] (one table for the whole batch, read without a copy),
-            R even and at most D: the first R channels of each head are rotated as rotate_half
-            does, the rest pass through (partial rotary).
+        q, k: [B, HQ, S, D] and [B, HK, S, D] (unsqueeze_dim=1, the views attention classes pass)
+            or [B, S, HQ, D] and [B, S, HK, D] (unsqueeze_dim=2), any strides; D even, at most 512.
+        cos, sin: [B, S, R] or [1, S, R] (one table for the batch, read without a copy), R even
+            and at most D: the first R channels rotated as rotate_half does, the rest passed through.
         unsqueeze_dim: where transformers unsqueezes cos and sin, i.e. q's heads axis (1 or 2).
 
     Returns:
         (q_embed, k_embed) shaped as q and k, each in the promotion of its input's dtype with
-        cos's and sin's (bf16 q with bf16 tables: bf16), math in float32. Differentiable in q,
-        k, cos and sin; when cos and sin need no gradient the backward reads only the upstream
-        gradients and the tables; their gradient, when they need one, is summed over heads
-        (and over the batch for a shared table) in a fixed order.
+        cos's and sin's (bf16 q with bf16 tables: bf16). Differentiable as
+        apply_rotary_pos_emb_vision; the tables' gradient is summed over heads (and over the batch
+        for a shared table) in a fixed order.
 
     {dtypes}
-
-    Raises:
-        ValueError / TypeError naming the argument, before any kernel runs.
     """
     fn = "apply_rotary_pos_emb"
     return rotary_call(fn, q, k, cos, sin, dtypes="promoted", heads_axis=heads_axis(fn, unsqueeze_dim))
 
 
-_OUT_AND_INPUTS = ("out[grad_q]", "out[grad_k]", "out[grad_embeddings]", "grad_q_embed", "grad_k_embed", "q", "k",
-                   "embeddings")  # fmt: skip
-
-
 def rope_bwd(
-    grad_q_embed: Tensor,
-    grad_k_embed: Tensor,
-    q: Tensor,
-    k: Tensor,
-    embeddings: Tensor,
-    *,
-    interleaved: bool = False,
+    grad_q_embed: Tensor, grad_k_embed: Tensor, q: Tensor, k: Tensor, embeddings: Tensor, *, interleaved: bool = False,
     out=None,
-):
+):  # fmt: skip
     """The backward of rope_fwd (SOL-ExecBench 019): (grad_q, grad_k, grad_embeddings).
 
     Args:
@@ -547,25 +560,19 @@ def rope_bwd(
         them and q/k or the table. The sum over heads runs in a fixed order: deterministic.
 
     {dtypes}
-
-    Raises:
-        ValueError / TypeError naming the argument, before any kernel runs or output is written.
     """
     fn = "rope_bwd"
     grads = [("grad_q_embed", grad_q_embed), ("grad_k_embed", grad_k_embed)]
     check_inputs(fn, [("q", q), ("k", k)], [("embeddings", embeddings)], grads)
     if out is None:
         # The op has no forward-mode or vmap rule: under those, the function that has them.
-        bwd = rotary_grad if derivatives.transforms_active() else rotary_bwd
+        bwd = rotary_grad if transforms_active() else rotary_bwd
         dq, dk, de, _ = bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True, interleaved)
         return dq, dk, de
-    expected = [
-        ("grad_q", q.shape, q.dtype, q.device),
-        ("grad_k", k.shape, k.dtype, k.device),
-        ("grad_embeddings", embeddings.shape, embeddings.dtype, embeddings.device),
-    ]
+    expected = [(n, t.shape, t.dtype, t.device) for n, t in zip(_OUT_AND_INPUTS, (q, k, embeddings))]
     check_out(fn, out, expected)
-    check_out_autograd(fn, _OUT_AND_INPUTS, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))
+    names = [f"out[{n}]" if i < 3 else n for i, n in enumerate(_OUT_AND_INPUTS)]
+    check_out_autograd(fn, names, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))
     rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out, interleaved)
     return tuple(out)
 

@@ -1,12 +1,10 @@
-"""The rotary embedding in PyTorch: the specification the kernel must match, the CPU
-path and the float64 path.
+"""The rotary embedding in PyTorch: the specification the kernel must match, the CPU path and
+the float64 path.
 
-q, k and their gradients are [S, H, D] or [B, S, H, D] (any strides; [B, H, S, D] with
-`heads` -3, the decoders' attention views); the table is [S, T]
-or [B, S, T] (B may be 1 against a batch of q/k: one table for every sequence): angles
-(`embeddings`, whose cos/sin are taken here) or a (cos, sin) pair. R = T channels of each
-head are rotated in pairs (R = 2T with a table of one value per pair), R even and R <= D;
-the other D - R pass through. `pairs`, an int of flags (bools serve: True is INTERLEAVED):
+q, k and their gradients are [(B,) S, H, D], any strides ([B, H, S, D] with `heads` -3); the table
+[(B or 1,) S, T]: angles (`embeddings`, whose cos/sin are taken here) or a (cos, sin) pair. R = T
+channels of each head are rotated in pairs (R = 2T with a table of one value per pair), R even,
+R <= D; the other D - R pass through. `pairs`, an int of flags (a bool serves: True is INTERLEAVED):
     halves:      pair j = (j, j + R/2)      transformers' rotate_half
     INTERLEAVED: pair j = (2j, 2j + 1)      transformers' rotate_pairwise
     PAIR_TABLE:  the table holds one value per pair (GPT-OSS, DeepSeek-V4), read for both

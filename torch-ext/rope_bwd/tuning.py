@@ -1,15 +1,11 @@
 """Launch configurations of the rotary kernel: tuned ones shipped as JSON, a default for the rest.
 
-`configs/<GPU name, spaces as _>.json` maps a Triton version ("3.6") to a table of
-{bucket: {BLOCK_S, BLOCK_D, BLOCK_R, num_warps}} (see `bucket`), written by the toolkit's
-`tune` on that GPU. A Triton uses the table of the newest version key not above its own (tile
-layouts change between Triton releases, and with them the best configuration). Unknown GPUs,
-versions and buckets get `default_config`. Nothing is autotuned at a user's call. The files
-are read as the package's resources, so that a variant in kernels' zip layout finds them too.
-
-ROPE_BWD_TUNED=0 in the environment (read once, at import) sets the tables aside: every call gets
-`default_config`, as on a GPU without a file (the bench's --untuned measures the default set on
-a GPU that has a table).
+`configs/<GPU name, spaces as _>.json` maps a Triton version ("3.6") to a table {bucket: {BLOCK_S,
+BLOCK_D, BLOCK_R, num_warps}} (`bucket`), written by the toolkit's `tune` on that GPU. A Triton
+uses the table of the newest version key not above its own (tile layouts change between
+releases). Unknown GPUs, versions and buckets get `default_config`; nothing is autotuned at a
+user's call. The files are read as package resources (kernels' zip layout finds them too).
+ROPE_BWD_TUNED=0 in the environment (read at import) sets the tables aside (the bench's --untuned).
 """
 
 import functools
@@ -28,10 +24,7 @@ TUNED = os.environ.get("ROPE_BWD_TUNED", "1") != "0"
 
 
 def s_bucket(S: int) -> str:
-    for top in BUCKET_TOPS:
-        if S <= top:
-            return f"S{top}"
-    return "Sbig"
+    return next((f"S{top}" for top in BUCKET_TOPS if S <= top), "Sbig")
 
 
 def bucket_size(bucket: str) -> int:
@@ -41,9 +34,8 @@ def bucket_size(bucket: str) -> int:
 
 
 def bucket(mode: str, S: int, R: int, D: int, elem_size: int, layout: str = "") -> str:
-    """A table's key: mode, rotated channels D, rows R (q heads + k heads), element bytes, S bucket,
-    and the layout where it has entries of its own ("sdpa": a backward whose upstream gradient has
-    its heads outside its tokens, [1, H, S, D] seen as [S, H, D])."""
+    """A table's key: mode, rotated channels D, rows R (q + k heads), element bytes, S bucket, and
+    the layout where it has entries of its own ("sdpa": an upstream gradient's heads outside its tokens)."""
     key = f"{mode}-D{D}-R{R}-b{elem_size}-{s_bucket(S)}"
     return f"{key}-{layout}" if layout else key
 
@@ -121,7 +113,6 @@ def _lookup(mode, bucket_, HQ, HK, D, elem_size, device, layout):
 
 
 def get_config(mode: str, S: int, HQ: int, HK: int, D: int, elem_size: int, device, layout: str = "") -> dict:
-    """The configuration of a call: the tuned one of its bucket and layout, else of its bucket,
-    else default_config at the bucket's size. Cached by bucket, not S, so that the cache does
-    not grow with the number of sizes. D: the rotated channels (the table's width)."""
+    """The tuned configuration of the call's bucket and layout, else of its bucket, else
+    default_config at the bucket's size; cached by bucket, not S. D: the rotated channels."""
     return _lookup(mode, s_bucket(S), HQ, HK, D, elem_size, device, layout)

@@ -1,12 +1,15 @@
-"""Argument checks shared by the public functions: clear errors, raised before any
-kernel runs or any output is written. Each message names the argument and what
-was expected."""
+"""Argument checks of the public functions, before any kernel runs or output is written: each
+message names the argument and what was expected."""
 
 import torch
 from torch.autograd import forward_ad
 
 MAX_HEAD_DIM = 512  # DeepSeek-V4: heads of 512 with a 64-channel rope slice
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TABLE_RULE = {
+    True: ("/2], one value per rotated pair, with R", ""),
+    False: ("] with R even and", " (R < D: partial rotary)"),
+}
 
 
 def _tensor(fn, name, shape, dtype, ndim, layout):
@@ -22,14 +25,12 @@ def _same(fn, name, got, want, what):
 
 
 def check_inputs(fn, heads, tables, grads=(), batched=False, pair_table=False, prefix=False):
-    """heads: [(name, tensor)] for q and k ([S, H, D]); tables: [(name, tensor)] for
-    embeddings or (cos, sin) ([S, R], R even and R <= D: R < D is partial rotary; pair_table:
-    [S, R/2], one value per pair); grads: [(name, tensor)], the upstream gradients of the heads
-    in the same order, each shaped like its head. batched: heads [B, S, H, D] and tables
-    [B, S, R] or [1, S, R]. prefix: tables of S' <= S tokens (the first S - S' pass through)."""
+    """heads: [(name, tensor)] for q and k ([S, H, D]); tables: [(name, tensor)] for embeddings or
+    (cos, sin) ([S, R], R even, R <= D; pair_table: [S, R/2]); grads: [(name, tensor)], the heads'
+    upstream gradients, in their order. batched: heads [B, S, H, D], tables [B or 1, S, R].
+    prefix: tables of S' <= S tokens (the first S - S' pass through)."""
     named = (*heads, *tables, *grads)
-    # The checks read only types, shapes, dtypes and devices: a call like one that passed
-    # passes (host time per call is what a training step at small S waits on).
+    # A call like one that passed passes (host time: what a training step at small S waits on).
     key = _passed_key((fn, pair_table, prefix), named, batched)
     if key is not None and key in _PASSED:
         return
@@ -48,11 +49,10 @@ _PASSED = set()  # _passed_key of the calls whose checks passed
 
 
 def _passed_key(fn, named, batched):
-    """What the checks read of a call, with each tensor's token count replaced by its comparison
-    with q's (and its batch size by whether it is q's or 1): the checks' outcome then holds
-    for every B and S, so the set of passed calls does not grow with the number of sizes. `fn`
-    fixes the names and their order. None where it cannot key the set: while tracing (symbolic
-    sizes; dynamo would warn about the set), or for what is not a tensor of at least two dimensions."""
+    """What the checks read of a call, each tensor's token count replaced by its comparison with
+    q's (its batch size by whether it is q's or 1): the outcome holds for every B and S, so the set
+    does not grow with sizes. None while tracing (symbolic sizes) or for what is not a tensor of
+    two dimensions or more."""
     if torch.compiler.is_compiling():
         return None
     try:
@@ -98,16 +98,10 @@ def _check_meta(fn, heads, tables, grads, batched=False, pair_table=False, prefi
             _same(fn, name, shape[0], S, "q's token count S =")
         elif shape[0] > S:
             raise ValueError(f"{fn}: {name} must have at most q's token count S = {S} tokens, got {shape[0]}")
-        if pair_table and not 0 < 2 * shape[1] <= D:
-            raise ValueError(
-                f"{fn}: {name} must be [S, R/2], one value per rotated pair, with R at most head_dim {D}, "
-                f"got {tuple(shape)}"
-            )
-        if not pair_table and (shape[1] % 2 or not 0 < shape[1] <= D):
-            raise ValueError(
-                f"{fn}: {name} must be [S, R] with R even and at most head_dim {D} (R < D: partial rotary), "
-                f"got {tuple(shape)}"
-            )
+        R = 2 * shape[1] if pair_table else shape[1]
+        if R % 2 or not 0 < R <= D:
+            what, tail = _TABLE_RULE[bool(pair_table)]
+            raise ValueError(f"{fn}: {name} must be [S, R{what} at most head_dim {D}{tail}, got {tuple(shape)}")
     if len(tables) == 2:
         _same(fn, tables[1][0], tuple(tables[1][1]), tuple(tables[0][1]), f"the shape of {tables[0][0]}")
         _same(fn, tables[1][0], tables[1][2], tables[0][2], f"the dtype of {tables[0][0]}")
@@ -126,9 +120,8 @@ def _span(t):
 
 
 def _self_overlapping(shape, strides):
-    """True unless the layout provably gives every element its own address: taken in
-    order of stride, each dimension must step past all that the smaller ones reach.
-    Exact for permuted, sliced and expanded views; other layouts count as overlapping."""
+    """True unless the layout provably gives every element its own address: in order of stride,
+    each dimension steps past all that the smaller ones reach (exact for views)."""
     if 0 in shape:
         return False
     reach = 0
@@ -155,8 +148,8 @@ def _overlap(a, b):
 
 
 def check_out(fn, out, expected):
-    """out: the caller's output tensors; expected: [(name, shape, dtype, device)]. Where they
-    sit in memory is checked by check_out_memory, when the op runs."""
+    """out: the caller's output tensors; expected: [(name, shape, dtype, device)]. Where they sit
+    in memory: check_out_memory, when the op runs."""
     if not isinstance(out, (tuple, list)) or len(out) != len(expected):
         raise TypeError(f"{fn}: out must be a tuple of {len(expected)} tensors ({', '.join(e[0] for e in expected)})")
     for t, (name, shape, dtype, device) in zip(out, expected):
@@ -174,19 +167,14 @@ def check_out(fn, out, expected):
 
 
 def check_out_autograd(fn, names, tensors):
-    """tensors: the out= buffers and the inputs of a call, names: theirs. Results written
-    into out= are not differentiable (as with torch's out= functions), so a tensor that
-    requires grad under grad mode, or that carries a forward-mode tangent, is refused rather
-    than its gradient lost without a word; under torch.no_grad() both are accepted."""
+    """Refuses out= buffers or inputs (`tensors`, named `names`) that require grad under grad mode or
+    carry a forward-mode tangent: what out= receives is not differentiable, a gradient not lost silently."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        name = next(n for n, t in zip(names, tensors) if t.requires_grad)
-        what = "requires grad"
-    elif (
-        not torch.compiler.is_compiling()
-        and forward_ad._current_level >= 0
-        and any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
-    ):
-        name = next(n for n, t in zip(names, tensors) if forward_ad.unpack_dual(t).tangent is not None)
+        name, what = next(n for n, t in zip(names, tensors) if t.requires_grad), "requires grad"
+    elif not torch.compiler.is_compiling() and forward_ad._current_level >= 0:
+        name = next((n for n, t in zip(names, tensors) if forward_ad.unpack_dual(t).tangent is not None), None)
+        if name is None:
+            return
         what = "carries a forward-mode tangent"
     else:
         return
@@ -205,9 +193,8 @@ def _raise_self_overlapping(fn, name, t):
 
 def check_out_memory(fn, out, inputs):
     """out: [(name, tensor)] the op writes; inputs: [(name, tensor)] that no output may overlap.
-    Called in the op's implementation, which always runs on real tensors: under torch.compile
-    too (strides may be symbolic and addresses do not exist while it traces), before anything
-    is written."""
+    Called in the op's implementation, on real tensors (under torch.compile too: a trace has no
+    addresses), before anything is written."""
     for name, t in out:
         if _self_overlapping(t.shape, t.stride()):
             _raise_self_overlapping(fn, name, t)

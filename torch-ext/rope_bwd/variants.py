@@ -1,19 +1,15 @@
 """The classification table: what each transformers rotary function computes (`Variant`), and
-`classify`, which finds a function's variant by evaluating it on small random probes against the
-package's math (rotary_torch). A variant is:
-
-- the form, told by the parameters: the vision encoders' `apply_rotary_pos_emb_vision(q, k, cos,
-  sin)`, the decoders' `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`, a decoder's
-  function of one tensor, `apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)` (Gemma 4,
-  DeepSeek-V4), or DINOv3's `apply_rotary_pos_emb(q, k, cos, sin, **kwargs)`, whose tables cover
-  the patch tokens alone (the class and register tokens before them pass through);
+`classify`, which finds a function's variant by evaluating it on small random probes against
+rotary_torch. A variant is:
+- the form, told by the parameters: `apply_rotary_pos_emb_vision(q, k, cos, sin)` (vision),
+  `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` (decoder), `apply_rotary_pos_emb(x,
+  cos, sin, unsqueeze_dim=1)` (single: Gemma 4, DeepSeek-V4), or DINOv3's `apply_rotary_pos_emb(q,
+  k, cos, sin, **kwargs)` (prefix: the tables cover the patch tokens, those before pass through);
 - the pairs: halves (rotate_half), interleaved (rotate_pairwise), or interleaved from a table
   whose first half holds one value per pair (GLM: `cos[..., :R/2].repeat_interleave(2)`);
 - the table: a value per rotated channel, or one per pair (GPT-OSS, DeepSeek-V4);
-- which channels rotate: the first cos.shape[-1] (or twice that), the rest passed through, or
-  the last (DeepSeek-V4);
-- the dtype rule: each output in its input's dtype, in its promotion with cos and sin (a function
-  computing in its inputs' dtypes), or both in q's.
+- the channels rotated: the first (the rest pass through), or the last (DeepSeek-V4);
+- the dtype rule: each output in its input's dtype, in its promotion with cos and sin, or in q's.
 """
 
 import inspect
@@ -24,24 +20,14 @@ from torch import nn
 
 from . import rotary_torch
 
-FUNCTIONS = {
-    "vision": "apply_rotary_pos_emb_vision",
-    "decoder": "apply_rotary_pos_emb",
-    "single": "apply_rotary_pos_emb",
-    "prefix": "apply_rotary_pos_emb",
-}
 PARAMS = {
     "vision": ("q", "k", "cos", "sin"),
     "decoder": ("q", "k", "cos", "sin", "unsqueeze_dim"),
     "single": ("x", "cos", "sin", "unsqueeze_dim"),
     "prefix": ("q", "k", "cos", "sin", "kwargs"),
 }
-_STEMS = {
-    "vision": "ApplyRotaryPosEmbVision",
-    "decoder": "ApplyRotaryPosEmb",
-    "single": "ApplyRotaryPosEmbSingle",
-    "prefix": "ApplyRotaryPosEmbPrefix",
-}
+FUNCTIONS = {form: "apply_rotary_pos_emb" + ("_vision" if form == "vision" else "") for form in PARAMS}
+_STEMS = {form: "ApplyRotaryPosEmb" + ("" if form == "decoder" else form.title()) for form in PARAMS}
 _PAIRS = {"halves": "", "interleaved": "Interleaved", "repeated": "RepeatedPairs"}
 _DTYPES = {"kept": "", "promoted": "Promoted", "q": "InQDtype"}
 
@@ -166,18 +152,12 @@ def _call(fn, form, args):
 
 
 def _mismatch(variant, args, outs, cot, grads) -> str:
-    """How `outs` (and, on float64 probes, the gradients `grads` of cotangents `cot`) differ
-    from the variant's on `args`; "" when they do not, None where the variant takes no such
-    tables (a width past head_dim, an odd one for pairs of channels: no evidence either way).
-    The variant's values come from the package's math (rotary_torch) in float64 on the rounded
-    inputs."""
+    """How `outs` (and, on float64 probes, the gradients `grads` of cotangents `cot`) differ from
+    rotary_torch's float64 values of the variant on `args`; "" when they do not, None where the
+    variant takes no such tables (a width past head_dim, an odd one for pairs of channels)."""
     q, k, cos, _ = args
-    rule = {
-        "kept": lambda x: x.dtype,
-        "promoted": lambda x: torch.promote_types(x.dtype, cos.dtype),
-        "q": lambda x: q.dtype,
-    }[variant.dtypes]
-    want = tuple(rule(x) for x in (q, k))[: len(outs)]
+    rule = {"kept": lambda x: x.dtype, "promoted": lambda x: torch.promote_types(x.dtype, cos.dtype)}
+    want = tuple(q.dtype if variant.dtypes == "q" else rule[variant.dtypes](x) for x in (q, k))[: len(outs)]
     got = tuple(o.dtype for o in outs)
     if got != want:
         return f"outputs in {', '.join(map(str, got))}, not {', '.join(map(str, want))}"
@@ -207,12 +187,11 @@ def _params(function):
 
 
 def classify(function, name: str = None) -> Variant:
-    """The variant (VARIANTS) that `function`, a transformers rotary function of one of the
-    forms (told by its parameters), computes, from small random probes against the package's
-    math: every probe it does not raise on must match the variant, values, gradients of q, k,
-    cos and sin (float64) and output dtypes, and it must run at least one probe whose table
-    covers all of head_dim. The first variant that matches, so dtypes kept where no probe tells
-    the rule. A ValueError saying what differed when none does; `name` names the function there."""
+    """The variant (VARIANTS) that `function`, a transformers rotary function of one of the forms,
+    computes: every probe it does not raise on must match the variant's values, gradients (float64)
+    and output dtypes, and it must run a probe whose table covers all of head_dim. The first that
+    matches (dtypes kept where no probe tells the rule); else a ValueError naming `name`, saying
+    what differed."""
     if function in _CLASSIFIED:
         return _CLASSIFIED[function]
     name = name or getattr(function, "__qualname__", repr(function))
