@@ -460,10 +460,12 @@ def hub_kernelized(load, family, device):
 
     model = load(family, device, use_kernels=False)  # transformers would kernelize again at train()
     model.train()
+    # transformers 5.25 kernelizes again at train(), in training mode; 5.24 keeps what it loaded with
+    mode = Mode.TRAINING if hasattr(type(model), "kernels_mode") else Mode.INFERENCE
     with use_kernel_mapping(
         {n: {"cpu": r} for n, r in cuda_mapping(HUB_LAYERS[family]).items()}, inherit_mapping=False
     ):
-        kernelize(model, device="cpu", mode=Mode.TRAINING)
+        kernelize(model, device="cpu", mode=mode)
     return model
 
 
