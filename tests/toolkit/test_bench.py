@@ -43,6 +43,11 @@ def _bench(*argv, env=None):
     return proc.stdout
 
 
+# The tests of quick_run on one pytest-xdist worker (scripts/test.sh's --dist loadgroup): a
+# module's fixture runs once per worker that runs its tests
+QUICK_RUN_WORKER = pytest.mark.xdist_group("bench-quick-run")
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     """The suite preset, every peer, and this checkout's build again as an A/B build."""
@@ -52,6 +57,7 @@ def quick_run(tmp_path_factory):
     return rc, files
 
 
+@QUICK_RUN_WORKER
 def test_quick_suite_writes_json_markdown_and_plot(quick_run):
     rc, files = quick_run
     assert rc == 0
@@ -155,6 +161,7 @@ def test_verify_rows_keep_the_ends_and_sample_the_rest():
     assert rows.tolist() == sorted(rows.tolist()) and rows.tolist() != suite.verify_rows(1000, 10, 4).tolist()
 
 
+@QUICK_RUN_WORKER
 def test_rerender_from_saved_runs(quick_run, tmp_path):
     _, files = quick_run
     md, png = tmp_path / "RESULTS.md", tmp_path / "plot.png"
@@ -165,6 +172,7 @@ def test_rerender_from_saved_runs(quick_run, tmp_path):
     assert "Cold-L2 check" not in text  # a CPU run has no flush check
 
 
+@QUICK_RUN_WORKER
 def test_markdown_states_the_flush_check(quick_run):
     _, files = quick_run
     run = json.loads(files["json"].read_text())
