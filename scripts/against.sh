@@ -9,8 +9,8 @@
 # in scripts/hub-ci.sh.)
 # Its torch and triton pins, where torch is not .venv's: a venv of their own in
 # .venv/<file's name>-torch (made once, again when those pins change; .venv's site-packages
-# after its own serves the rest), and the package tests (tests/test_*.py) on it, on the CPU and
-# then in Triton's interpreter (the interpret-marked cases). Further arguments go to pytest.
+# after its own serves the rest), and the package tests (tests/test_*.py) on it: hub CI's subset
+# on the CPU, then the interpret-marked cases in Triton's interpreter. Further arguments go to pytest.
 #   bash scripts/against.sh requirements-oldest.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +68,9 @@ got = {name: md.version(name).split("+")[0] for name in pins}
 print(f"{sys.argv[1]}:", ", ".join(f"{n} {md.version(n)}" for n in pins), "" if got == pins else f"(wants {pins})")
 sys.exit(got != pins)
 PY
-  "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests/test_*.py "$@"
+  # hub CI's subset on the CPU (the whole package suite there takes longer than CI's budget
+  # allows), then every interpret-marked case: the kernel in this Triton's interpreter
+  "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests/test_*.py -m kernels_ci "$@"
   TRITON_INTERPRET=1 "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests/test_*.py "$@"
 }
 # The tests run offline (tests/offline.py fails a test that tried the network). transformers 5.24
