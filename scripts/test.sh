@@ -7,8 +7,9 @@
 # transformers against its own function), then hub CI's test step in its own
 # environment with the oldest and the newest kernels (scripts/hub-ci.sh), the tests that go
 # through kernels and transformers on the oldest releases the README supports and on the newest
-# (scripts/against.sh with requirements-oldest.txt, requirements-newest.txt),
-# and the workflows' lint. Arguments go to the first two pytest runs. Every pytest run prints
+# (scripts/against.sh with requirements-oldest.txt, requirements-newest.txt), the package tests on
+# the newest torch and its Triton, on the CPU and in the interpreter (requirements-newest.txt's
+# pins, in a venv of their own), and the workflows' lint. Arguments go to the first two pytest runs. Every pytest run prints
 # its skips by reason and fails on one outside tests/skips.py's short list.
 # Each stage's wall time is printed at the end.
 set -euo pipefail
@@ -28,7 +29,7 @@ trap report EXIT
 PY=.venv/bin/python
 stage setup bash scripts/setup.sh
 stage ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'  # configured in pyproject.toml
-stage suite $PY -m pytest -q -n 2 "$@"
+stage suite $PY -m pytest -q -n 2 --dist loadgroup "$@"  # loadgroup: tests/toolkit/test_bench.py
 stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q -n 2 tests/test_*.py \
   tests/toolkit/test_families.py::test_kernelized_function_equals_the_familys \
   tests/toolkit/test_decoders.py::test_decoder_family "$@"

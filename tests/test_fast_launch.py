@@ -226,6 +226,19 @@ def test_torch_launcher_takes_runtime_arguments_only(kernel, monkeypatch, reques
     assert fast._torch_launcher(_compiled_stand_in(), 0) is None
 
 
+@pytest.mark.kernels_ci  # also the newest stage's subset on the newest torch (scripts/against.sh)
+def test_torch_launcher_is_there_in_cuda_builds_alone(kernel):
+    """CUDA builds of torch have the launcher the fast launch takes, with the two calls it makes;
+    in CPU builds the real torch gives no launcher (launches go through Triton's), no stand-in."""
+    fast = submodule(kernel, "fast_launch")
+    launcher = getattr(torch._C, "_StaticCudaLauncher", None)
+    assert (launcher is not None) == (torch.version.cuda is not None)
+    if launcher is None:
+        assert fast._torch_launcher(_compiled_stand_in(), 0) is None
+    else:
+        assert callable(launcher._load_kernel) and callable(launcher._launch_kernel)
+
+
 @pytest.mark.parametrize("driver_up", [False, True])
 def test_start_up_hashes_triton_in_a_thread_once(kernel, monkeypatch, driver_up):
     """Before the first compilation in a process, with Triton's driver not yet up, Triton's

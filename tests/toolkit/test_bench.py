@@ -16,6 +16,11 @@ from rope_bwd_triton import __main__ as cli
 OURS = ["ours_bwd", "ours_bwd_qk", "ours_bwd_bf16", "ours_fwd", "ours_fwd_bf16"]
 
 
+# One timed call in one round: the timings mean nothing on the CPU, and every round repeats the
+# warm-up calls (the rotation of the rounds: test_timing.py)
+ONE_ROUND = ["--calls", "1", "--rounds", "1"]
+
+
 def _files(out, stem):
     return {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md", "plot": out / f"{stem}.png"}
 
@@ -38,6 +43,11 @@ def _bench(*argv, env=None):
     return proc.stdout
 
 
+# The tests of quick_run on one pytest-xdist worker (scripts/test.sh's --dist loadgroup): a
+# module's fixture runs once per worker that runs its tests
+QUICK_RUN_WORKER = pytest.mark.xdist_group("bench-quick-run")
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     """The suite preset, every peer, and this checkout's build again as an A/B build."""
@@ -47,6 +57,7 @@ def quick_run(tmp_path_factory):
     return rc, files
 
 
+@QUICK_RUN_WORKER
 def test_quick_suite_writes_json_markdown_and_plot(quick_run):
     rc, files = quick_run
     assert rc == 0
@@ -150,6 +161,7 @@ def test_verify_rows_keep_the_ends_and_sample_the_rest():
     assert rows.tolist() == sorted(rows.tolist()) and rows.tolist() != suite.verify_rows(1000, 10, 4).tolist()
 
 
+@QUICK_RUN_WORKER
 def test_rerender_from_saved_runs(quick_run, tmp_path):
     _, files = quick_run
     md, png = tmp_path / "RESULTS.md", tmp_path / "plot.png"
@@ -160,6 +172,7 @@ def test_rerender_from_saved_runs(quick_run, tmp_path):
     assert "Cold-L2 check" not in text  # a CPU run has no flush check
 
 
+@QUICK_RUN_WORKER
 def test_markdown_states_the_flush_check(quick_run):
     _, files = quick_run
     run = json.loads(files["json"].read_text())
@@ -230,7 +243,7 @@ def test_terminal_table_on_a_gpu():
 def test_quick_realcall_verifies_ours_and_an_ab_build(tmp_path):
     files = _files(tmp_path, "rc")
     argv = ["--preset", "realcall", "--quick", "--peers", "copy,transformers", "--dtypes", "bfloat16", "float16"]
-    out = _bench(*argv, "--ab", str(REPO_ROOT), *_flags(files))
+    out = _bench(*argv, *ONE_ROUND, "--ab", str(REPO_ROOT), *_flags(files))
     run = json.loads(files["json"].read_text())
     assert {(w["dtype"], w["layout"], w["S"]) for w in run["workloads"]} == {
         (dt, lay, S) for dt in ("bfloat16", "float16") for lay in realcall.LAYOUTS for S in (8, 33)
@@ -247,7 +260,7 @@ def test_quick_realcall_variants(tmp_path):
     float64; the peers, which serve the halves alone, sit out the first two."""
     files = _files(tmp_path, "rv")
     argv = ["--preset", "realcall", "--quick", "--peers", "copy,transformers", "--layouts", "sdpa"]
-    _bench(*argv, "--variants", *realcall.VARIANTS, *_flags(files))
+    _bench(*argv, *ONE_ROUND, "--variants", *realcall.VARIANTS, *_flags(files))
     run = json.loads(files["json"].read_text())
     assert {w["variant"] for w in run["workloads"]} == set(realcall.VARIANTS)
     for w in run["workloads"]:
@@ -295,7 +308,9 @@ def test_quick_copybound_in_the_interpreter(tmp_path):
     """Ours and the Triton copies run in Triton's interpreter; every copy is checked against its
     source and ours against float64 inside the command."""
     files = _files(tmp_path, "cb")
-    out = _bench("--preset", "copybound", "--quick", *_flags(files), env=dict(os.environ, TRITON_INTERPRET="1"))
+    out = _bench(
+        "--preset", "copybound", "--quick", "--rounds", "1", *_flags(files), env=dict(os.environ, TRITON_INTERPRET="1")
+    )
     run = json.loads(files["json"].read_text())
     assert run["meta"]["gpu"] is None and run["meta"]["command"].startswith("python -m rope_bwd_triton bench --pre")
     configs = [tuple(c) for c in run["configs"]]
@@ -392,7 +407,7 @@ def test_quick_decoder_preset_with_peers(tmp_path):
     float64 on the decoders' call; the table gives ours over the copy and each peer over ours."""
     files = _files(tmp_path, "dec")
     argv = ["--preset", "decoder", "--quick", "--models", "llama3-8b", "--seq-lens", "33", "--layouts", "sdpa", "flash"]
-    _bench(*argv, "--peers", "copy,transformers,compile", *_flags(files))
+    _bench(*argv, *ONE_ROUND, "--peers", "copy,transformers,compile", *_flags(files))
     run = json.loads(files["json"].read_text())
     assert {(w["model"], w["H"], w["HK"], w["D"], w["B"], w["layout"]) for w in run["workloads"]} == {
         ("llama3-8b", 32, 8, 128, B, lay) for B in (1, 2) for lay in ("sdpa", "flash")
@@ -417,6 +432,7 @@ def test_quick_decoder_liger_in_the_interpreter(tmp_path):
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed")
     files = _files(tmp_path, "liger")
     argv = ["--preset", "decoder", "--quick", "--models", "qwen3-omni-thinker", "--seq-lens", "8", "--batches", "2"]
+    argv += ONE_ROUND  # each call of the thinker's heads takes seconds in the interpreter
     env = dict(os.environ, TRITON_INTERPRET="1")
     _bench(*argv, "--dtypes", "float16", "--layouts", "sdpa", "flash", "--peers", "liger,transformers", *_flags(files),
            env=env)  # fmt: skip

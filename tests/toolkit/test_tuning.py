@@ -1,6 +1,7 @@
 """The tune command, and the shipped configurations against what it would try (the lookup
 itself: tests/test_tuning.py)."""
 
+import itertools
 import json
 import os
 import re
@@ -32,25 +33,27 @@ def _next_pow2(n):
 
 
 @pytest.mark.cpu_only  # a function of integers
-@pytest.mark.parametrize("n_sm", [132, 8])
-@pytest.mark.parametrize("R", [2, 17, 32, 130])
-@pytest.mark.parametrize("D", [2, 16, 72, 80, 128, 256])
-@pytest.mark.parametrize("S", [1, 7, 128, 131, 1024, 4096, 65536])
-@pytest.mark.parametrize("elem", [2, 4])
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "bwd_qk"])
-def test_default_config_is_valid_and_fills_the_gpu(kernel, mode, S, R, D, n_sm, elem):
-    cfg = submodule(kernel, "tuning").default_config(mode, S, R, D, elem, n_sm)
-    half = D // 2
-    assert set(cfg) == set(SEARCHED)
-    assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and _pow2(cfg["BLOCK_R"])
-    assert cfg["BLOCK_D"] <= _next_pow2(half)
-    assert 2 <= cfg["BLOCK_R"] <= max(2, _next_pow2(R))
-    assert cfg["num_warps"] in (1, 2, 4, 8, 16)
-    programs = -(-S // cfg["BLOCK_S"]) * -(-half // cfg["BLOCK_D"])
-    # a program per SM, or as many as the shape allows at 8 channels per program
-    most = S * -(-half // min(8, _next_pow2(half)))
-    assert programs >= min(n_sm, most)
-    assert tune.candidate_ok(cfg)  # no tile larger than the tuner would try
+def test_default_config_is_valid_and_fills_the_gpu(kernel, mode):
+    """Every size, head_dim, rotated width, element size and SM count of the product, in one test
+    per mode: each check takes microseconds, a test of its own costs more than the check."""
+    default_config = submodule(kernel, "tuning").default_config
+    for S, R, D, n_sm, elem in itertools.product(
+        [1, 7, 128, 131, 1024, 4096, 65536], [2, 17, 32, 130], [2, 16, 72, 80, 128, 256], [132, 8], [2, 4]
+    ):
+        where = dict(mode=mode, S=S, R=R, D=D, n_sm=n_sm, elem=elem)
+        cfg = default_config(mode, S, R, D, elem, n_sm)
+        half = D // 2
+        assert set(cfg) == set(SEARCHED), where
+        assert _pow2(cfg["BLOCK_S"]) and _pow2(cfg["BLOCK_D"]) and _pow2(cfg["BLOCK_R"]), (where, cfg)
+        assert cfg["BLOCK_D"] <= _next_pow2(half), (where, cfg)
+        assert 2 <= cfg["BLOCK_R"] <= max(2, _next_pow2(R)), (where, cfg)
+        assert cfg["num_warps"] in (1, 2, 4, 8, 16), (where, cfg)
+        programs = -(-S // cfg["BLOCK_S"]) * -(-half // cfg["BLOCK_D"])
+        # a program per SM, or as many as the shape allows at 8 channels per program
+        most = S * -(-half // min(8, _next_pow2(half)))
+        assert programs >= min(n_sm, most), (where, cfg)
+        assert tune.candidate_ok(cfg), (where, cfg)  # no tile larger than the tuner would try
 
 
 def test_shipped_configs_are_valid_and_ship_in_the_build(kernel):
@@ -147,36 +150,37 @@ GRID_16 = {(bs, 8, br, w) for bs in tune.BLOCK_S for br in (2, 4) for w in tune.
 
 
 @tunes_here
-@pytest.mark.parametrize("search", [[], ["--grid"]], ids=["coordinate", "grid"])
-def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path, search):
-    """The whole tune path (on the CPU in Triton's interpreter, timings meaningless, or on the
-    GPU: TUNE_DEVICE); the package then finds the written bucket."""
-    table, log = _tune(tmp_path, *search)
+@pytest.mark.parametrize(
+    "options,layout",
+    [(["--shared", "--timer", "span"], ""), (["--grid", "--layout", "sdpa"], "sdpa")],
+    ids=["coordinate-shared-span", "grid-sdpa"],
+)
+def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path, options, layout):
+    """The whole tune path (on the CPU in Triton's interpreter, timings meaningless, or on the GPU:
+    TUNE_DEVICE); the package then finds the written bucket. Two commands cover the options, each a
+    search of its own (an interpreted command takes tens of seconds): the coordinate search with --shared and the span
+    timer's code path (its log names the keys written), and the grid search with --layout sdpa,
+    which times the backward on upstream gradients laid out as sdpa returns them and writes the
+    bucket's entry for that layout (test_layout_entries_take_precedence_and_fall_back: how the
+    package reads it)."""
+    table, log = _tune(tmp_path, *options)
     t = submodule(kernel, "tuning")
-    key = t.bucket(*BUCKET)
+    key = t.bucket(*BUCKET, layout)
     assert list(table) == [key] and set(table[key]) == set(SEARCHED)
+    assert key.endswith("-sdpa") == (layout == "sdpa")
     assert log["buckets"][key]["tried"] and not log["not_tuned"] and "precompile" not in log
+    assert log["buckets"][key]["written_to"] == [key]
     assert log["meta"]["command"].startswith("python -m rope_bwd_triton tune ")
     assert (log["meta"]["gpu"] is None) == (TUNE_DEVICE == "cpu")
-    if search:
+    if "--grid" in options:
         assert GRID_16 <= {tuple(c[k] for k in SEARCHED) for c in log["buckets"][key]["tried"]}
 
     monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
     _clear(t)
     try:
-        assert t.get_config("bwd", 5, 2, 2, 16, 4, torch.device(TUNE_DEVICE)) == table[key]
+        assert t.get_config("bwd", 5, 2, 2, 16, 4, torch.device(TUNE_DEVICE), layout) == table[key]
     finally:
         _clear(t)
-
-
-@tunes_here
-def test_tune_for_sdpa_gradient_layout_writes_entries_of_its_own(kernel, tmp_path):
-    """--layout sdpa times the backward on upstream gradients laid out as sdpa returns them and
-    writes the bucket's entry for that layout (test_layout_entries_take_precedence_and_fall_back:
-    how the package reads it)."""
-    table, log = _tune(tmp_path, "--layout", "sdpa")
-    key = submodule(kernel, "tuning").bucket(*BUCKET, "sdpa")
-    assert list(table) == [key] and key.endswith("-sdpa") and log["buckets"][key]["tried"]
 
 
 def test_shared_search_writes_to_the_bucket_of_every_size(kernel):
@@ -188,14 +192,6 @@ def test_shared_search_writes_to_the_bucket_of_every_size(kernel):
     assert tune.target_keys(submodule(kernel, "tuning"), "bwd_qk", sizes, 32, 72, 2, "", False) == [
         "bwd_qk-D72-R32-b2-S256"
     ]
-
-
-@tunes_here
-def test_tune_shared_ranked_by_span_writes_where_it_says(kernel, tmp_path):
-    """The command with --shared and the span timer's code path: its log names the keys written."""
-    table, log = _tune(tmp_path, "--shared", "--timer", "span")
-    key = submodule(kernel, "tuning").bucket(*BUCKET)
-    assert list(table) == [key] and log["buckets"][key]["written_to"] == [key]
 
 
 @pytest.mark.gpu
