@@ -276,6 +276,12 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
     `LAYER_NAMES`, and transformers' own "rotary_pos_emb" (Llama's variant), from `repo_id`, for
     CUDA and CPU, in every mode (the layers have a backward and compile without graph breaks).
 
+    Registered for kernels.kernelize, it reaches the functions transformers marks "rotary_pos_emb"
+    (Llama's and most decoders') and those make_kernelizable marked; it cannot know each model's
+    family: each layer finds the variant of the function it replaces at its first call and runs
+    it, or transformers' own function with a warning (GPT-OSS's carries Llama's name).
+    `check_rotaries(model)` says what will run, up front.
+
     When LOCAL_KERNELS names `repo_id` (a checkout, hub CI's build), the layers come from there
     through kernels' LocalLayerRepository, as get_kernel's lookup does (a LayerRepository would
     resolve `version` on the Hub first; with HF_HUB_OFFLINE=1, from kernels' cache).
