@@ -226,7 +226,7 @@ def test_torch_launcher_takes_runtime_arguments_only(kernel, monkeypatch, reques
     assert fast._torch_launcher(_compiled_stand_in(), 0) is None
 
 
-@pytest.mark.kernels_ci  # also the newest stage's subset on the newest torch (scripts/against.sh)
+@pytest.mark.interpret  # so also on the newest torch (scripts/against.sh runs the interpreted cases there)
 def test_torch_launcher_is_there_in_cuda_builds_alone(kernel):
     """CUDA builds of torch have the launcher the fast launch takes, with the two calls it makes;
     in CPU builds the real torch gives no launcher (launches go through Triton's), no stand-in."""
