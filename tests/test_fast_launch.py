@@ -183,9 +183,11 @@ def _compiled_stand_in(**metadata):
     )
 
 
-def test_torch_launcher_takes_runtime_arguments_only(kernel, monkeypatch, request):
+@pytest.mark.parametrize("loaded", [(1234, 20, 0), (5678, 1234, 20, 0)], ids=["torch<2.13", "torch>=2.13"])
+def test_torch_launcher_takes_runtime_arguments_only(kernel, monkeypatch, request, loaded):
     """torch's launcher loads the kernel's cubin from Triton's cache onto the given device, once
-    per process, then gets the loaded function, the grid, warps and shared memory, one type
+    per process (its result: the function, or from torch 2.13 the module then the function, with
+    the register and spill counts), then gets the loaded function, the grid, warps and shared memory, one type
     code per runtime argument (no constexprs) and a null per scratch pointer Triton appends. A
     kernel that needs what it does not do (scratch memory, cooperative launch, several CTAs),
     one without a cubin or one it cannot load, or a torch without it, gets none."""
@@ -196,7 +198,7 @@ def test_torch_launcher_takes_runtime_arguments_only(kernel, monkeypatch, reques
         if path != "/cache/k.cubin":
             raise RuntimeError("CUDA driver error: file not found")
         loads.append((path, name, shared, device))
-        return 1234, 20, 0
+        return loaded
 
     fake = types.SimpleNamespace(_load_kernel=load, _launch_kernel=lambda *a: calls.append(a))
     monkeypatch.setattr(torch._C, "_StaticCudaLauncher", fake, raising=False)

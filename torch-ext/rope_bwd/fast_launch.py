@@ -84,7 +84,8 @@ def _load(cubin, name, shared, device):
     """The cubin's function on `device`, loaded once per process."""
     from torch._C import _StaticCudaLauncher
 
-    return _StaticCudaLauncher._load_kernel(cubin, name, shared, device)[0]
+    # (function, registers, spills) up to torch 2.12, (module, function, registers, spills) from 2.13
+    return _StaticCudaLauncher._load_kernel(cubin, name, shared, device)[-3]
 
 
 @functools.cache
