@@ -5,9 +5,10 @@
 # runs the stages named as arguments, writing everything under $OUT:
 #   release   what proves a commit on this GPU and writes its records, in one 10-minute call
 #             (ROPE_COMMIT=<hash>: the machine gets the files without git), every step bounded
-#             by the time left of RELEASE_BUDGET (560 s), RELEASE_RECORDS (240 s) kept for the
+#             by the time left of RELEASE_BUDGET (565 s), RELEASE_RECORDS (250 s) kept for the
 #             records: the tests that may touch CUDA (ROPE_CUDA_ONLY=1: tests/conftest.py; CI runs
-#             the rest) on XDIST workers (14), then the whole_gpu tests alone, then the records,
+#             the rest) on XDIST workers (15), beside them each record once unmeasured (to fill the
+#             compile caches), then the whole_gpu tests alone, then the records,
 #             tuned and, where the GPU has a tuned table, --untuned: the suite preset's 16 public
 #             workloads, realcall, decoder, decode. $OUT gets tests.log, tests-big.log,
 #             release.log and <gpu>.tar.gz (release.json; bench, realcall, decoder, decode, families and their
@@ -72,45 +73,58 @@ run_tests() {  # run_tests <log name under $OUT> [pytest options]
   ROPE_EXPECT_CUDA=1 python3 -m pytest -q -rs -p no:cacheprovider "${@:2}" 2>&1 | tee "$OUT/$1" | tail -40
 }
 release() {  # the release stage (header); its own log, summary and deadline
-  local t0=$SECONDS budget=${RELEASE_BUDGET:-560} reserve=${RELEASE_RECORDS:-290} gpu table records=/tmp/release
+  local t0=$SECONDS budget=${RELEASE_BUDGET:-565} reserve=${RELEASE_RECORDS:-250} gpu table records=/tmp/release
   left() {  # left <cap> [reserve]: seconds for a step, at most cap, keeping reserve for later steps
     local l=$((budget - (SECONDS - t0) - ${2:-0}))
     echo $(($1 < l ? $1 : (l > 1 ? l : 1)))
   }
   export ROPE_COMMIT=${ROPE_COMMIT:-$(python3 -c "from rope_bwd_triton.output import commit; print(commit() or 'unknown')")}
+  # inductor compiles in this process: no worker pool to start, nor to wait for at exit
+  export TORCHINDUCTOR_COMPILE_THREADS=1
   read -r gpu table < <(python3 -c "import torch; n = torch.cuda.get_device_name(); \
 print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').lower(), n.replace(' ', '_').replace('/', '_'))")
-  rm -rf $records && mkdir -p "$records/$gpu" && cp "$OUT/gpu.txt" "$records/$gpu/"
+  rm -rf $records /tmp/warm && mkdir -p "$records/$gpu" /tmp/warm && cp "$OUT/gpu.txt" "$records/$gpu/"
   echo "release of $ROPE_COMMIT on $gpu ($(python3 -m rope_bwd_triton build 2>&1 | sed -n 1p))"
-  # -v: each test's outcome as it ends, so that a run cut at its deadline still names its failures
-  ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -k 10 "$(left 600 $((reserve + 40)))" python3 -m pytest -v -rfEs -p no:cacheprovider \
-    --durations=30 -n "${XDIST:-15}" -m "not whole_gpu" >"$OUT/tests.log" 2>&1
+  local runs=(  # name, seconds at most, bench arguments
+    "bench 45 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy"
+    "realcall 55 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy,compile,liger"
+    "decoder 45 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy,compile,liger,transformers"
+    "decode 30 --preset decode"
+    "families 45 --preset families --peers copy,compile"
+  )
+  if [ -f "torch-ext/rope_bwd/configs/$table.json" ]; then  # default_config against the table, a copy beside it
+    runs+=("bench-untuned 25 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy --untuned"
+      "realcall-untuned 25 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy --untuned"
+      "decoder-untuned 20 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy --untuned"
+      "decode-untuned 20 --preset decode --peers= --untuned")
+  fi
+  local run name cap
+  # Beside the tests, every record once at 3 calls, unmeasured and niced: Triton's and inductor's
+  # on-disk caches then hold their kernels, and the measured runs below do not compile.
+  for run in "${runs[@]}"; do
+    read -r name cap args <<<"$run"
+    # shellcheck disable=SC2086  # the arguments are words
+    nice -n 10 timeout -k 5 "$(left 240 "$reserve")" python3 -m rope_bwd_triton bench $args --calls 3 --rounds 1 \
+      --copy-mib 64 --json "/tmp/warm/$name.json" --markdown "/tmp/warm/$name.md" --plot "/tmp/warm/$name.png" \
+      >"/tmp/warm/$name.log" 2>&1 &
+  done
+  # -v: each test's outcome as it ends; SIGINT at the deadline: pytest still prints its failures
+  ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -s INT -k 20 "$(left 600 $((reserve + 40)))" python3 -m pytest -v -rfEs \
+    --tb=short -p no:cacheprovider --durations=30 -n "${XDIST:-15}" -m "not whole_gpu" >"$OUT/tests.log" 2>&1
   local tests_rc=$?
   echo "tests: exit $tests_rc at $((SECONDS - t0)) s: $(tail -1 "$OUT/tests.log")"
   grep -E "^\[gw[0-9]+\] .*(FAILED|ERROR) " "$OUT/tests.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u
-  ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -k 10 "$(left 60 "$reserve")" python3 -m pytest -q -rfEs -p no:cacheprovider -p no:xdist \
-    -m whole_gpu >"$OUT/tests-big.log" 2>&1
+  wait
+  echo "warm-up runs done at $((SECONDS - t0)) s: $(grep -L "^wrote " /tmp/warm/*.log | xargs -r -n1 basename | tr '\n' ' ')"
+  ROPE_EXPECT_CUDA=1 ROPE_CUDA_ONLY=1 timeout -s INT -k 10 "$(left 60 "$reserve")" python3 -m pytest -v -rfEs --tb=short \
+    -p no:cacheprovider -p no:xdist -m whole_gpu >"$OUT/tests-big.log" 2>&1
   local big_rc=$?
   echo "whole_gpu tests: exit $big_rc at $((SECONDS - t0)) s: $(tail -1 "$OUT/tests-big.log")"
-  local runs=(  # name, seconds at most, bench arguments
-    "bench 60 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy"
-    "realcall 70 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy,compile,liger"
-    "decoder 60 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy,compile,liger,transformers"
-    "decode 35 --preset decode"
-    "families 60 --preset families --peers copy,compile"
-  )
-  if [ -f "torch-ext/rope_bwd/configs/$table.json" ]; then  # default_config against the table, a copy beside it
-    runs+=("bench-untuned 30 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy --untuned"
-      "realcall-untuned 35 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy --untuned"
-      "decoder-untuned 25 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy --untuned"
-      "decode-untuned 25 --preset decode --peers= --untuned")
-  fi
-  local run name cap
   for run in "${runs[@]}"; do
     read -r name cap args <<<"$run"
     # shellcheck disable=SC2086  # the arguments are words
     timeout -k 10 "$(left "$cap")" python3 -m rope_bwd_triton bench $args --json "$records/$gpu/$name.json" \
-      --markdown "$records/$gpu/$name.md" --plot "$records/$gpu/$name.png" 2>&1 | grep -v "s/run\|it/s" | tail -3
+      --markdown "$records/$gpu/$name.md" --plot "$records/$gpu/$name.png" 2>&1 | tr '\r' '\n' | grep -v "run/s" | tail -3
     echo "$name: exit ${PIPESTATUS[0]} at $((SECONDS - t0)) s"
     tar czf "$OUT/.records.tmp" -C $records "$gpu" && mv "$OUT/.records.tmp" "$OUT/$gpu.tar.gz"
   done
@@ -118,6 +132,7 @@ print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').l
     --big "$OUT/tests-big.log" "$big_rc" --seconds $((SECONDS - t0)) --records "${#runs[@]}"
   local status=$?
   tar czf "$OUT/.records.tmp" -C $records "$gpu" && mv "$OUT/.records.tmp" "$OUT/$gpu.tar.gz"
+  cp /tmp/warm/*.log "$OUT/" 2>/dev/null
   return $status
 }
 rc=0

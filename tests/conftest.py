@@ -42,7 +42,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "kernels_ci: fast subset that hub CI runs (`nix run .#ci-test`)")
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line(
-        "markers", "whole_gpu: needs most of an 80 GB GPU's memory: run alone (scripts/gpu.sh tests-big)"
+        "markers",
+        "whole_gpu: needs the GPU to itself (most of an 80 GB GPU's memory, or timings that other tests' "
+        "kernels would disturb): run alone (scripts/gpu.sh tests-big)",
     )
     config.addinivalue_line(
         "markers", "interpret(**params): the parametrizations collected under TRITON_INTERPRET=1 (tests/conftest.py)"

@@ -304,6 +304,7 @@ def test_sdpa_layout_is_the_transposed_gradient():
     assert x["q"].stride() == (48, 8, 1) and x["q"].requires_grad and not x["cos"].requires_grad
 
 
+@pytest.mark.cpu_only  # the interpreter's run, on CPU tensors (on a GPU machine bench would pick CUDA)
 def test_quick_copybound_in_the_interpreter(tmp_path):
     """Ours and the Triton copies run in Triton's interpreter; every copy is checked against its
     source and ours against float64 inside the command."""

@@ -96,6 +96,7 @@ SLACK_US = 2.0  # events start once the flush is done, the span at the first ker
 
 
 @pytest.mark.gpu
+@pytest.mark.whole_gpu  # timing ratios: no other test's kernels beside them
 def test_span_of_one_known_kernel(gpu_timers):
     src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -112,6 +113,7 @@ def test_span_of_one_known_kernel(gpu_timers):
 
 
 @pytest.mark.gpu
+@pytest.mark.whole_gpu  # timing ratios: no other test's kernels beside them
 def test_span_of_a_multi_kernel_call_covers_all_of_it(gpu_timers):
     timer = gpu_timers["span"]
     cycles = int(100 * timer.cycles_per_us)  # ~100 us of GPU sleep: kernels of a known length
@@ -146,6 +148,7 @@ def test_span_of_a_multi_kernel_call_covers_all_of_it(gpu_timers):
 
 
 @pytest.mark.gpu
+@pytest.mark.whole_gpu  # timing ratios: no other test's kernels beside them
 def test_flush_evicts_lines_of_evict_last_priority(gpu_timers):
     """The timer's flush leaves a copy as slow after an evict_last read of its source as on fresh
     buffers (kernel spans: CUDA events would add the launch latency to both)."""

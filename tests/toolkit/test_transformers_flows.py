@@ -515,7 +515,8 @@ def test_from_pretrained_with_transformers_defaults_on_cuda_without_the_hub(load
     assert HAS_CUDA
     model = load(family, "cuda")
     assert model.use_kernels
-    repos = {str(layer.repo) for layer in get_kernelized_layers(model).layers.values()}
+    found = get_kernelized_layers(model)  # the rotary is a function: under funcs, not layers
+    repos = {str(k.repo) for k in (*found.layers.values(), *found.funcs.values())}
     for repo_id in ("kernels-community/rotary", "kernels-community/activation"):
         assert any(repo_id in r for r in repos), repos
     with torch.no_grad():

@@ -136,6 +136,8 @@ def _tune(tmp_path, *options, device=TUNE_DEVICE):
         str(log),
         *options,
     ]
+    if device == "cuda" and "--jobs" not in options:  # one process: the compile workers have a test of their own
+        cmd += ["--jobs", "0"]
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
