@@ -57,14 +57,6 @@ def _launch():
     return launch
 
 
-def _tables(table, sin) -> dict:
-    return {"angles": table} if sin is None else {"cos": table, "sin": sin}
-
-
-def _table_grads(sin, grad_table, grad_sin) -> dict:
-    return {"grad_angles": grad_table} if sin is None else {"grad_cos": grad_table, "grad_sin": grad_sin}
-
-
 def _empty_like(t: Tensor, heads_first=False) -> Tensor:
     """An output for t, contiguous in the kernel's [(B,) S, H, D] order, made in t's order for t
     [B, H, S, D] (heads_first): a view would cost host time, and a Function's output may not be one."""
@@ -92,8 +84,9 @@ def _forward(q, k, table, sin, pairs, heads_first=False):
     q_embed, k_embed = _empty_like(q, heads_first), _empty_like(k, heads_first)
     n = rotary_torch.prefix(q, table, heads)
     x_q, x_k, y_q, y_k = _pass_prefix(n, heads, (q, q_embed), (k, k_embed)) if n else (q, k, q_embed, k_embed)
-    route = _launch().launch_fwd(q=x_q, k=x_k, q_out=y_q, k_out=y_k, pairs=pairs,
-                                 heads_first=heads_first, **_tables(table, sin))  # fmt: skip
+    # cos without sin: launch.py reads it as the angles
+    route = _launch().launch_fwd(q=x_q, k=x_k, q_out=y_q, k_out=y_k, cos=table, sin=sin, pairs=pairs,
+                                 heads_first=heads_first)  # fmt: skip
     return q_embed, k_embed, None if n else route
 
 
@@ -111,8 +104,9 @@ def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs, out=None, hea
     """(dq, dk, dtable, dsin), None where not asked for; the table gradient when q is given.
     out: the caller's (dq, dk, dtable) to write instead (rope_bwd_out: angles, all asked for).
     heads_first: gq, gk, q and k [B, H, S, D], and so dq and dk."""
+    heads = -3 if heads_first else -2
     if not _use_triton(gq, gk, table):
-        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, pairs, -3 if heads_first else -2)
+        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, pairs, heads)
         return grads if out is None else (*(o.copy_(g) for o, g in zip(out, grads)), None)
     grad_table = q is not None
     dq, dk, dt = out or (
@@ -121,13 +115,12 @@ def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs, out=None, hea
         _grad_rows(table, gq) if grad_table else None,
     )
     ds = _grad_rows(sin, gq) if grad_table and sin is not None else None
-    heads = -3 if heads_first else -2
     n = rotary_torch.prefix(gq, table, heads)
     g_q, g_k, x_q, x_k, d_q, d_k = (
         _pass_prefix(n, heads, (gq, dq), (gk, dk), (q, None), (k, None))[:6] if n else (gq, gk, q, k, dq, dk)
     )
-    _launch().launch_bwd(grad_q_embed=g_q, grad_k_embed=g_k, grad_q=d_q, grad_k=d_k, q=x_q, k=x_k, pairs=pairs,
-                         heads_first=heads_first, **_tables(table, sin), **_table_grads(sin, dt, ds))  # fmt: skip
+    _launch().launch_bwd(grad_q_embed=g_q, grad_k_embed=g_k, grad_q=d_q, grad_k=d_k, q=x_q, k=x_k, cos=table, sin=sin,
+                         grad_cos=dt, grad_sin=ds, pairs=pairs, heads_first=heads_first)  # fmt: skip
     # A table shared by a batch: the kernel's per-sequence rows summed, in a fixed order.
     dt, ds = (g if g is None or g.shape == t.shape else g.sum(0, keepdim=True) for g, t in ((dt, table), (ds, sin)))
     return dq, dk, dt, ds
@@ -171,8 +164,7 @@ def rotary_bwd(
     need_q: bool, need_k: bool, pairs: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     outs = backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs)
-    likes = (gq, gk, table, table)
-    return tuple(o if o is not None else like.new_empty((0,)) for o, like in zip(outs, likes))
+    return tuple(o if o is not None else like.new_empty((0,)) for o, like in zip(outs, (gq, gk, table, table)))
 
 
 @torch.library.custom_op(add_op_namespace_prefix("rope_bwd_out"), mutates_args=("grad_q", "grad_k", "grad_embeddings"))
@@ -428,8 +420,8 @@ def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", h
     if seen is None:  # on [B, S, H, D] views, as the messages name the sizes
         qc, kc = (x.transpose(-3, -2) if heads_axis == -3 and isinstance(x, Tensor) and x.dim() == 4 else x
                   for x in (q, k))  # fmt: skip
-        names = [("x", qc)] if single else [("q", qc), ("k", kc)]
-        check_inputs(fn, names if not single else [*names, ("x", kc)], [("cos", cos), ("sin", sin)], batched=batched,
+        names = [("x", qc), ("x", kc)] if single else [("q", qc), ("k", kc)]
+        check_inputs(fn, names, [("cos", cos), ("sin", sin)], batched=batched,
                      pair_table=bool(pairs & rotary_torch.PAIR_TABLE) and not repeated, prefix=prefix)  # fmt: skip
     if dtypes == "promoted":  # computed from the unrounded inputs
         q, k = (_to(x, torch.promote_types(x.dtype, cos.dtype)) for x in (q, k))
@@ -569,10 +561,9 @@ def rope_bwd(
         bwd = rotary_grad if transforms_active() else rotary_bwd
         dq, dk, de, _ = bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True, interleaved)
         return dq, dk, de
-    expected = [(n, t.shape, t.dtype, t.device) for n, t in zip(_OUT_AND_INPUTS, (q, k, embeddings))]
-    check_out(fn, out, expected)
+    check_out(fn, out, [*zip(_OUT_AND_INPUTS, (q, k, embeddings))])
     names = [f"out[{n}]" if i < 3 else n for i, n in enumerate(_OUT_AND_INPUTS)]
-    check_out_autograd(fn, names, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))
+    check_out_autograd(fn, [*zip(names, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))])
     rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out, interleaved)
     return tuple(out)
 
