@@ -45,10 +45,6 @@ class _Patch(NamedTuple):
 _PATCHED: dict = {}  # (family, function name) -> _Patch
 
 
-def _module_name(family: str) -> str:
-    return f"transformers.models.{family}.modeling_{family}"
-
-
 def find_families(name: str = None) -> tuple:
     """The families of the installed transformers whose modeling module's source names a rotary
     function (`name`, one of NAMES, or any); candidates, classified when patched."""
@@ -76,7 +72,7 @@ _FOUND: dict = {}  # transformers.models' path -> {function name: families}
 
 def _modeling_module(family: str):
     """The modeling module of `family`, imported; a ValueError when it defines no rotary."""
-    name = _module_name(family)
+    name = f"transformers.models.{family}.modeling_{family}"
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as e:
