@@ -30,39 +30,7 @@ def check_inputs(fn, heads, tables, grads=(), batched=False, pair_table=False, p
     key = _passed_key((fn, pair_table, prefix), named, batched)
     if key is not None and key in _PASSED:
         return
-    _check(fn, heads, tables, grads, batched, pair_table, prefix)
-    if key is not None:
-        if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
-            _PASSED.clear()
-        _PASSED.add(key)
-
-
-_PASSED = set()  # _passed_key of the calls whose checks passed
-
-
-def _passed_key(fn, named, batched):
-    """What the checks read of a call, each tensor's token count replaced by its comparison with
-    q's (its batch size by whether it is q's or 1): the outcome holds for every B and S, so the set
-    does not grow with sizes. None while tracing (symbolic sizes) or for what is not a tensor of
-    two dimensions or more."""
-    if torch.compiler.is_compiling():
-        return None
-    try:
-        if batched:
-            (B, S), n = named[0][1].shape[:2], 2
-            sizes = [(t.shape[0] == B, t.shape[0] == 1, (t.shape[1] > S) - (t.shape[1] < S)) for _, t in named]
-        else:
-            S, n = named[0][1].shape[0], 1
-            sizes = [(t.shape[0] > S) - (t.shape[0] < S) for _, t in named]
-        key = (fn, *[(type(t), t.shape[n:], t.dtype, t.device, m) for (_, t), m in zip(named, sizes)])
-        hash(key)
-    except (AttributeError, IndexError, TypeError):
-        return None
-    return key
-
-
-def _check(fn, heads, tables, grads, batched, pair_table, prefix):
-    for name, t in (*heads, *tables, *grads):
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
     b = int(batched)  # past the batch's checks, each tensor's shape[b:]
@@ -101,11 +69,39 @@ def _check(fn, heads, tables, grads, batched, pair_table, prefix):
         (cn, c), (sn, sin) = tables
         _same(fn, sn, tuple(sin.shape[b:]), tuple(c.shape[b:]), f"the shape of {cn}")
         _same(fn, sn, sin.dtype, c.dtype, f"the dtype of {cn}")
-    for name, t in (*heads, *tables, *grads):
+    for name, t in named:
         if t.device != q.device:
             raise ValueError(
                 f"{fn}: {name} is on {t.device}, but {qn} is on {q.device}; all tensors must be on one device"
             )
+    if key is not None:
+        if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
+            _PASSED.clear()
+        _PASSED.add(key)
+
+
+_PASSED = set()  # _passed_key of the calls whose checks passed
+
+
+def _passed_key(fn, named, batched):
+    """What the checks read of a call, each tensor's token count replaced by its comparison with
+    q's (its batch size by whether it is q's or 1): the outcome holds for every B and S, so the set
+    does not grow with sizes. None while tracing (symbolic sizes) or for what is not a tensor of
+    two dimensions or more."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        if batched:
+            (B, S), n = named[0][1].shape[:2], 2
+            sizes = [(t.shape[0] == B, t.shape[0] == 1, (t.shape[1] > S) - (t.shape[1] < S)) for _, t in named]
+        else:
+            S, n = named[0][1].shape[0], 1
+            sizes = [(t.shape[0] > S) - (t.shape[0] < S) for _, t in named]
+        key = (fn, *[(type(t), t.shape[n:], t.dtype, t.device, m) for (_, t), m in zip(named, sizes)])
+        hash(key)
+    except (AttributeError, IndexError, TypeError):
+        return None
+    return key
 
 
 def _span(t):
