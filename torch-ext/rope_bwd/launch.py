@@ -30,7 +30,7 @@ def launch_fwd(
     *, q, k, q_out, k_out, cos=None, sin=None, angles=None, pairs=False, config=None, heads_first=False,
     route=None,
 ):  # fmt: skip
-    """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles`.
+    """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles` (or of cos without sin).
 
     q [(B,) S, HQ, D], k [(B,) S, HK, D], tables [(B or 1,) S, R], R even, R <= D (channels R..
     pass through), any strides; float32/bfloat16/float16, math in float32, each output in its own
@@ -118,8 +118,7 @@ def _route(tensors, adjoint, pairs, config, heads_first):
 
 
 def _sizes(q, k, table):
-    """B, S and the constexpr sizes (HQ, HK, D, R) of the shapes of q, k and the table: ints,
-    specialized where a trace has them symbolic (B and S stay as they are)."""
+    """B, S and the constexpr sizes (HQ, HK, D, R), specialized where a trace has them symbolic."""
     B, S = (q[0], q[1]) if len(q) == 4 else (1, q[0])
     return B, S, (int(q[-2]), int(k[-2]), int(q[-1]), int(table[-1]))
 
@@ -204,7 +203,8 @@ def encode_strides(strides, S):
 def _encode_traced(strides, S):
     """encode_strides where S and the strides growing with it may be symbolic (a*S: sympy reads
     off a); None for a symbolic stride of another form."""
-    ints = [_as_int(st) for st in (S, *strides)]
+    # ints where they are, or symbols with a known value (specialized sizes); else None
+    ints = [n if isinstance(n, int) else int(n.node.expr) if n.node.expr.is_number else None for n in (S, *strides)]
     if None not in ints:
         return encode_strides(ints[1:], ints[0])
     import sympy
@@ -222,22 +222,13 @@ def _encode_traced(strides, S):
     return tuple(out)
 
 
-def _as_int(n):
-    """n as an int where it is one or a symbol with a known value (a specialized size), else None."""
-    if isinstance(n, int):
-        return n
-    expr = n.node.expr
-    return int(expr) if expr.is_number else None
-
-
 def _key(tensors, S):
     """The tensors' layout (_layout): what keys a plan, with the sizes and the configuration."""
     return _layout([t if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors], S)
 
 
 def _layout(metas, S):
-    """Per tensor None or (encoded strides by role, dtype, 16-byte alignment), of its (shape,
-    strides, dtype, alignment) in the kernel's order."""
+    """Per tensor None or (encoded strides by role, dtype, 16-byte alignment), of its metas."""
     return tuple(
         m if m is None else (encode_strides(_roles(m[0], m[1], i < 6), S), *m[2:]) for i, m in enumerate(metas)
     )
@@ -253,8 +244,7 @@ def _pointer_args(tensors):
 
 
 def _constexprs(HQ, HK, D, R, adjoint, pairs, layout, config):
-    """The kernel's constexprs. R: the table's width; pairs: rotary_torch's flags; layout: per
-    tensor None (unused) or (encoded strides, dtype, ...)."""
+    """The kernel's constexprs; layout: per tensor None (unused) or (encoded strides, dtype, ...)."""
     cfg = dict(config)
     strides = {}
     for i, (name, lay) in enumerate(zip(TENSORS, layout)):
@@ -293,8 +283,7 @@ class _Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _plan(HQ, HK, D, R, adjoint, pairs, layout, config, device):
-    """The _Plan of a layout; its key holds nothing that changes with S (`device` keys the
-    compiled kernel)."""
+    """The _Plan of a layout: nothing in its key changes with S (`device` keys the compiled kernel)."""
     return _Plan(_constexprs(HQ, HK, D, R, adjoint, pairs, layout, config))
 
 
