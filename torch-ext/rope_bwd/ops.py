@@ -185,13 +185,14 @@ def _(grad_q_embed, grad_k_embed, q, k, embeddings, grad_q, grad_k, grad_embeddi
 # ------------------------------------------------------------------ autograd
 
 
-def setup_context(ctx, inputs, output):
+def setup_context(ctx, inputs, output, bwd=rotary_bwd, heads_first=False):
+    """The context of rotary_fwd's autograd; bwd: the backward to run where no graph is recorded."""
     q, k, table, sin, ctx.pairs = inputs
     table_grad = ctx.needs_input_grad[2] or (sin is not None and ctx.needs_input_grad[3])
     # q and k are kept only when the table needs a gradient (the real models' cos/sin come
     # from buffers): that backward never reads them.
     ctx.save_for_backward(q if table_grad else None, k if table_grad else None, table, sin)
-    ctx.bwd, ctx.heads_first = rotary_bwd, False
+    ctx.bwd, ctx.heads_first = bwd, heads_first
 
 
 def backward(ctx, gq, gk):
@@ -221,8 +222,7 @@ class RotaryFn(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        setup_context(ctx, inputs, output)
-        ctx.bwd = rotary_grad  # the transforms run the backward on wrapped tensors
+        setup_context(ctx, inputs, output, rotary_grad)  # the transforms run the backward on wrapped tensors
         ctx.save_for_forward(*inputs[:4])
 
     backward = staticmethod(backward)
@@ -290,8 +290,7 @@ class EagerRotary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, table, sin, pairs, heads_first):
         out = forward_impl(q, k, table, sin, pairs, heads_first)
-        setup_context(ctx, (q, k, table, sin, pairs), out)
-        ctx.bwd, ctx.heads_first = backward_impl, heads_first
+        setup_context(ctx, (q, k, table, sin, pairs), out, backward_impl, heads_first)
         return out
 
     @staticmethod
@@ -390,14 +389,11 @@ def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", h
     """A transformers rotary call, checked, through the kernel. Vision form (heads_axis None): q, k
     [(B,) S, H, D], cos and sin [S, T] shared by the batch. Decoder form: q, k [B, H, S, D]
     (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B or 1, S, T]; with prefix, [S', T], S' <= S:
-    the first S - S' tokens pass through (DINOv3). k None: a function of one tensor (its result
-    alone returned). pairs: rotary_torch's flags; repeated: the tables' first half holds a value
-    per pair (GLM). dtypes: each output in its input's dtype ("kept"), in its promotion with cos's
-    ("promoted"), or both in q's ("q"). fn names the function in errors.
+    the first S - S' tokens pass through (DINOv3). k None: a function of one tensor. pairs, repeated
+    and dtypes: the variant's (variants.py; pairs as rotary_torch's flags). fn names it in errors.
 
-    A call like one that passed (_signature) is not checked again; under no grad, where it
-    launched the kernel on its inputs as they are, it allocates the outputs and launches that
-    launch again (_Relaunch): the host time of a decoding step."""
+    A call like one that passed (_signature) is not checked again, and under no grad repeats its
+    launch (_Relaunch): the host time of a decoding step."""
     key = _signature(fn, (pairs, repeated, prefix), dtypes, heads_axis, q, k, cos, sin)
     seen = _SEEN.get(key) if key is not None else None
     if seen is not None and seen.route is not None and _untracked(q, k, cos, sin):
@@ -455,10 +451,9 @@ _SEEN = {}  # _signature of the rotary_calls that passed the checks -> their _Re
 
 
 def _signature(fn, pairs, dtypes, heads_axis, *tensors):
-    """What rotary_call's checks and launch read of a call: its options and each tensor's kind,
-    shape, strides, dtype and device; None while tracing or for an argument neither a tensor nor
-    None. Plain tuples (no torch.Size): the garbage collector stops tracking such a key, so a new S
-    at every step adds nothing for its full collections to walk."""
+    """What rotary_call's checks and launch read of a call; None while tracing or for an argument
+    neither a tensor nor None. Plain tuples (no torch.Size): the garbage collector stops tracking
+    such a key, so a new S at every step adds nothing for its full collections to walk."""
     if torch.compiler.is_compiling():
         return None
     try:
@@ -471,8 +466,7 @@ def _signature(fn, pairs, dtypes, heads_axis, *tensors):
 
 class _Relaunch:
     """A rotary_call that passed the checks and, where it ran the kernel on its inputs' own memory
-    under no grad, its launch (launch._Route) and outputs' layout: a call of its signature under no
-    grad allocates the outputs and launches, nothing more."""
+    under no grad, its launch (launch._Route) and outputs' layout."""
 
     __slots__ = ("route", "pairs", "outs")
 
