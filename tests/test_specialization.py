@@ -421,7 +421,11 @@ def test_compile_reads_sdpa_gradient_in_place_gpu(kernel, gen, rotary_compiles, 
 def test_gradient_layouts_are_told_apart_without_S(kernel):
     """The backward's configuration key: sdpa's gradient ([1, H, S, D] seen as [S, H, D]) has its
     heads outside its tokens; q/k views of qkv, flash-attention's [S, H, D] and S = 1 do not."""
-    heads_outside = _launch(kernel)._heads_outside
+    outside = _launch(kernel)._outside
+
+    def heads_outside(x):
+        return outside(*x.shape[-3:-1], *x.stride()[-3:-1])
+
     for S in (2, 3, 16, 4097):
         assert heads_outside(torch.empty(1, 16, S, 72).transpose(1, 2)[0])
         assert not heads_outside(torch.empty(S, 16, 72))

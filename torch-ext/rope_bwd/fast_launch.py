@@ -42,9 +42,9 @@ def launcher(compiled, const_args, device):
         full = (*args, *const_args)
         if hooked:
             meta = compiled.launch_metadata(grid, stream, *full)
-            run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, meta, enter, leave, *full)
         else:  # empty hook chains cost host time for nothing
-            run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
+            meta = enter = leave = None
+        run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, meta, enter, leave, *full)
 
     return launch
 

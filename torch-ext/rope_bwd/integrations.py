@@ -45,10 +45,6 @@ class _Patch(NamedTuple):
 _PATCHED: dict = {}  # (family, function name) -> _Patch
 
 
-def _module_name(family: str) -> str:
-    return f"transformers.models.{family}.modeling_{family}"
-
-
 def find_families(name: str = None) -> tuple:
     """The families of the installed transformers whose modeling module's source names a rotary
     function (`name`, one of NAMES, or any); candidates, classified when patched."""
@@ -76,7 +72,7 @@ _FOUND: dict = {}  # transformers.models' path -> {function name: families}
 
 def _modeling_module(family: str):
     """The modeling module of `family`, imported; a ValueError when it defines no rotary."""
-    name = _module_name(family)
+    name = f"transformers.models.{family}.modeling_{family}"
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as e:
@@ -110,19 +106,17 @@ def _functions(module):
             yield name, function, classes
 
 
-def _family_of(cls):
-    """The family whose rotary instances of `cls` call, or None."""
-    parts = cls.__module__.split(".")
-    if len(parts) != 4 or parts[:2] != ["transformers", "models"] or parts[3] != f"modeling_{parts[2]}":
-        return None
-    module = sys.modules.get(cls.__module__)
-    return parts[2] if any(hasattr(module, n) and _calls(cls, n) for n in NAMES) else None
-
-
 def families_in(*models) -> list:
     """The families whose rotary some module of `models` calls, in order of appearance."""
-    families = (_family_of(cls) for model in models for cls in dict.fromkeys(type(m) for m in model.modules()))
-    return [f for f in dict.fromkeys(families) if f is not None]
+    families = []
+    for cls in dict.fromkeys(type(m) for model in models for m in model.modules()):
+        parts = cls.__module__.split(".")  # transformers.models.<family>.modeling_<family>
+        if len(parts) != 4 or parts[:2] != ["transformers", "models"] or parts[3] != f"modeling_{parts[2]}":
+            continue
+        module = sys.modules.get(cls.__module__)
+        if parts[2] not in families and any(hasattr(module, n) and _calls(cls, n) for n in NAMES):
+            families.append(parts[2])
+    return families
 
 
 # ------------------------------------------------------------------- patching
@@ -289,7 +283,10 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
     pass False (or a list) to have kernels check the publisher again."""
     from kernels import LayerRepository, LocalLayerRepository, Mode
 
-    local = _local_kernel_path(repo_id)
+    # LOCAL_KERNELS (`repo_id=path:repo_id=path`) parsed here: kernels' own parser is private and
+    # moved between its releases
+    entries = (e.split("=", 1) for e in os.environ.get("LOCAL_KERNELS", "").split(":") if "=" in e)
+    local = {repo: Path(path) for repo, path in entries}.get(repo_id)
 
     def repo(name):
         if local is not None:
@@ -299,13 +296,6 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
     modes = [Mode.INFERENCE, Mode.TRAINING, Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.TRAINING | Mode.TORCH_COMPILE]
     repos = {key: repo(name) for key, name in MAPPED.items()}
     return {key: {device: dict.fromkeys(modes, r) for device in ("cuda", "cpu")} for key, r in repos.items()}
-
-
-def _local_kernel_path(repo_id: str):
-    """Where LOCAL_KERNELS (`repo_id=path:repo_id=path`, kernels' format) points `repo_id`, or
-    None. Parsed here: kernels' own parser is private and moved between its releases."""
-    entries = (e.split("=", 1) for e in os.environ.get("LOCAL_KERNELS", "").split(":") if "=" in e)
-    return {repo: Path(path) for repo, path in entries}.get(repo_id)
 
 
 def kernelize_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, version: int = 1, **kernelize_kwargs):

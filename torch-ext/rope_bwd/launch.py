@@ -9,7 +9,6 @@ lookup), its plan cached by layout, and launch through fast_launch where it work
 """
 
 import functools
-import re
 
 import torch
 import triton
@@ -21,7 +20,7 @@ from .rotary_torch import INTERLEAVED, LAST, PAIR_TABLE
 # Where a tile's pair axis (of size 2, after the contiguous channels) must go for Triton to keep
 # it in each thread's registers: up to 3.6 Triton keeps the last of two tied axes there, from 3.7
 # the first. Elsewhere every loaded tile is regrouped through shared memory.
-REGS_FIRST = tuple(int(n) for n in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 7)
+REGS_FIRST = tuning.version_tuple(tuning.triton_version()) >= (3, 7)
 
 TENSORS = ("in_q", "in_k", "out_q", "out_k", "q", "k", "table", "sin", "grad_table", "grad_sin")
 _JIT = isinstance(rotary_kernel, triton.runtime.JITFunction)  # False under the interpreter
@@ -31,7 +30,7 @@ def launch_fwd(
     *, q, k, q_out, k_out, cos=None, sin=None, angles=None, pairs=False, config=None, heads_first=False,
     route=None,
 ):  # fmt: skip
-    """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles`.
+    """q_out, k_out = q, k rotated by (cos, sin), or by the cos/sin of `angles` (or of cos without sin).
 
     q [(B,) S, HQ, D], k [(B,) S, HK, D], tables [(B or 1,) S, R], R even, R <= D (channels R..
     pass through), any strides; float32/bfloat16/float16, math in float32, each output in its own
@@ -63,7 +62,7 @@ def launch_bwd(
 def _launch(tensors, adjoint, pairs, config, heads_first=False, route=None):
     x_q = tensors[0]
     if type(x_q) is not torch.Tensor:
-        _launch_traced(_heads_last(tensors) if heads_first else tensors, adjoint, pairs, config)
+        _launch_traced(tensors, adjoint, pairs, config, heads_first)
         return None
     device = x_q.device
     if device.type == "cuda" and _several_gpus() and device.index != torch.cuda.current_device():
@@ -107,10 +106,7 @@ def _route(tensors, adjoint, pairs, config, heads_first):
     B, S, sizes = _sizes(shape_q, metas[1][0], metas[6][0])
     if S == 0 or B == 0:
         return None, ptrs
-    chosen = config
-    if chosen is None:
-        outside = adjoint and _outside(S, sizes[0], strides_q[-3], strides_q[-2])
-        chosen = _config(adjoint, metas[8] is not None, sizes, B * S, dtype_q, tensors[0].device, outside)
+    chosen = config or _config(adjoint, metas[8] is not None, sizes, B, S, strides_q, dtype_q, tensors[0].device)
     plan = _plan(*sizes, adjoint, pairs, _layout(metas, S), tuple(chosen.items()), tensors[0].device.index)
     grid = (B * -(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
     route = _Route(plan, grid, S, tuple([p % 16 == 0 for p in ptrs]))
@@ -121,25 +117,21 @@ def _route(tensors, adjoint, pairs, config, heads_first):
     return route, ptrs
 
 
-def _heads_last(tensors):
-    """The ten tensors with q-like ones given as [B, H, S, D] seen as the kernel's [B, S, H, D]."""
-    return tuple(t if t is None or i >= 6 else t.transpose(-3, -2) for i, t in enumerate(tensors))
-
-
 def _sizes(q, k, table):
-    """B, S and the constexpr sizes (HQ, HK, D, R) of the shapes of q, k and the table: ints,
-    specialized where a trace has them symbolic (B and S stay as they are)."""
+    """B, S and the constexpr sizes (HQ, HK, D, R), specialized where a trace has them symbolic."""
     B, S = (q[0], q[1]) if len(q) == 4 else (1, q[0])
     return B, S, (int(q[-2]), int(k[-2]), int(q[-1]), int(table[-1]))
 
 
-def _config(adjoint, grad_table, sizes, tokens, dtype, device, heads_outside):
-    """tuning.get_config's configuration; sizes: (HQ, HK, D, R); tokens: the batch's (a hint where
-    symbolic); heads_outside: the upstream gradient's heads lie outside its tokens (sdpa's)."""
+def _config(adjoint, grad_table, sizes, B, S, strides_q, dtype, device):
+    """tuning.get_config's configuration; sizes: (HQ, HK, D, R); B, S and q's strides [..., S, H, D]
+    read as hints where symbolic. An upstream gradient whose heads lie outside its tokens (sdpa's)
+    has configurations of its own."""
     HQ, HK, _, R = sizes
     mode = "fwd" if not adjoint else ("bwd" if grad_table else "bwd_qk")
-    layout = "sdpa" if adjoint and heads_outside else ""
-    return tuning.get_config(mode, tokens, HQ, HK, R, dtype.itemsize, device, layout)
+    S, st_s, st_h = (_size_hint(n) for n in (S, strides_q[-3], strides_q[-2]))
+    layout = "sdpa" if adjoint and _outside(S, HQ, st_s, st_h) else ""
+    return tuning.get_config(mode, _size_hint(B) * S, HQ, HK, R, dtype.itemsize, device, layout)
 
 
 class _Route:
@@ -186,13 +178,8 @@ def _size_hint(n) -> int:
     return hint if isinstance(hint, int) else 4096
 
 
-def _heads_outside(x) -> bool:
-    """_outside of x [(B,) S, H, D], read from size hints: no guard."""
-    return _outside(*(_size_hint(n) for n in (*x.shape[-3:-1], *x.stride()[-3:-1])))
-
-
 def _outside(S, H, st_s, st_h) -> bool:
-    """Whether heads lie outside the tokens, as in sdpa's gradient (configurations of its own)."""
+    """Whether heads lie outside the tokens, as in sdpa's gradient."""
     return S > 1 and H > 1 and st_h >= S * st_s > 0
 
 
@@ -216,7 +203,8 @@ def encode_strides(strides, S):
 def _encode_traced(strides, S):
     """encode_strides where S and the strides growing with it may be symbolic (a*S: sympy reads
     off a); None for a symbolic stride of another form."""
-    ints = [_as_int(st) for st in (S, *strides)]
+    # ints where they are, or symbols with a known value (specialized sizes); else None
+    ints = [n if isinstance(n, int) else int(n.node.expr) if n.node.expr.is_number else None for n in (S, *strides)]
     if None not in ints:
         return encode_strides(ints[1:], ints[0])
     import sympy
@@ -234,31 +222,16 @@ def _encode_traced(strides, S):
     return tuple(out)
 
 
-def _as_int(n):
-    """n as an int where it is one or a symbol with a known value (a specialized size), else None."""
-    if isinstance(n, int):
-        return n
-    expr = n.node.expr
-    return int(expr) if expr.is_number else None
-
-
 def _key(tensors, S):
     """The tensors' layout (_layout): what keys a plan, with the sizes and the configuration."""
     return _layout([t if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors], S)
 
 
 def _layout(metas, S):
-    """Per tensor None or (encoded strides by role, dtype, 16-byte alignment), of its (shape,
-    strides, dtype, alignment) in the kernel's order. encode_strides only for strides that reach
-    past the tokens."""
-    layout = []
-    for i, m in enumerate(metas):
-        if m is None:
-            layout.append(None)
-        else:
-            st = _roles(m[0], m[1], i < 6)
-            layout.append((st if max(st) < S * st[0] else encode_strides(st, S), m[2], m[3]))
-    return tuple(layout)
+    """Per tensor None or (encoded strides by role, dtype, 16-byte alignment), of its metas."""
+    return tuple(
+        m if m is None else (encode_strides(_roles(m[0], m[1], i < 6), S), *m[2:]) for i, m in enumerate(metas)
+    )
 
 
 def _pointer_args(tensors):
@@ -271,8 +244,7 @@ def _pointer_args(tensors):
 
 
 def _constexprs(HQ, HK, D, R, adjoint, pairs, layout, config):
-    """The kernel's constexprs. R: the table's width; pairs: rotary_torch's flags; layout: per
-    tensor None (unused) or (encoded strides, dtype, ...)."""
+    """The kernel's constexprs; layout: per tensor None (unused) or (encoded strides, dtype, ...)."""
     cfg = dict(config)
     strides = {}
     for i, (name, lay) in enumerate(zip(TENSORS, layout)):
@@ -311,25 +283,23 @@ class _Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _plan(HQ, HK, D, R, adjoint, pairs, layout, config, device):
-    """The _Plan of a layout; its key holds nothing that changes with S (`device` keys the
-    compiled kernel)."""
+    """The _Plan of a layout: nothing in its key changes with S (`device` keys the compiled kernel)."""
     return _Plan(_constexprs(HQ, HK, D, R, adjoint, pairs, layout, config))
 
 
-def _launch_traced(tensors, adjoint, pairs, config):
+def _launch_traced(tensors, adjoint, pairs, config, heads_first):
     """The launch under torch.compile, through wrap_triton (inductor launches the kernel from its
     generated code). S may be symbolic, the other sizes are specialized; an input with a symbolic
     stride that is not a multiple of S is made contiguous first."""
     from torch.library import wrap_triton
 
+    if heads_first:  # q-like tensors [B, H, S, D] seen as the kernel's [B, S, H, D]
+        tensors = tuple(t if t is None or i >= 6 else t.transpose(-3, -2) for i, t in enumerate(tensors))
     B, S, sizes = _sizes(tensors[0].shape, tensors[1].shape, tensors[6].shape)
     if S == 0 or B == 0:
         return
     x_q = tensors[0]
-    if config is None:
-        outside = adjoint and _heads_outside(x_q)
-        config = _config(adjoint, tensors[8] is not None, sizes, _size_hint(B) * _size_hint(S), x_q.dtype, x_q.device,
-                         outside)  # fmt: skip
+    config = config or _config(adjoint, tensors[8] is not None, sizes, B, S, x_q.stride(), x_q.dtype, x_q.device)
 
     def encoded(i, t):
         return _encode_traced(_roles(t.shape, tuple(t.stride()), i < 6), S)

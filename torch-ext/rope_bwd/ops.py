@@ -57,14 +57,6 @@ def _launch():
     return launch
 
 
-def _tables(table, sin) -> dict:
-    return {"angles": table} if sin is None else {"cos": table, "sin": sin}
-
-
-def _table_grads(sin, grad_table, grad_sin) -> dict:
-    return {"grad_angles": grad_table} if sin is None else {"grad_cos": grad_table, "grad_sin": grad_sin}
-
-
 def _empty_like(t: Tensor, heads_first=False) -> Tensor:
     """An output for t, contiguous in the kernel's [(B,) S, H, D] order, made in t's order for t
     [B, H, S, D] (heads_first): a view would cost host time, and a Function's output may not be one."""
@@ -92,8 +84,9 @@ def _forward(q, k, table, sin, pairs, heads_first=False):
     q_embed, k_embed = _empty_like(q, heads_first), _empty_like(k, heads_first)
     n = rotary_torch.prefix(q, table, heads)
     x_q, x_k, y_q, y_k = _pass_prefix(n, heads, (q, q_embed), (k, k_embed)) if n else (q, k, q_embed, k_embed)
-    route = _launch().launch_fwd(q=x_q, k=x_k, q_out=y_q, k_out=y_k, pairs=pairs,
-                                 heads_first=heads_first, **_tables(table, sin))  # fmt: skip
+    # cos without sin: launch.py reads it as the angles
+    route = _launch().launch_fwd(q=x_q, k=x_k, q_out=y_q, k_out=y_k, cos=table, sin=sin, pairs=pairs,
+                                 heads_first=heads_first)  # fmt: skip
     return q_embed, k_embed, None if n else route
 
 
@@ -111,8 +104,9 @@ def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs, out=None, hea
     """(dq, dk, dtable, dsin), None where not asked for; the table gradient when q is given.
     out: the caller's (dq, dk, dtable) to write instead (rope_bwd_out: angles, all asked for).
     heads_first: gq, gk, q and k [B, H, S, D], and so dq and dk."""
+    heads = -3 if heads_first else -2
     if not _use_triton(gq, gk, table):
-        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, pairs, -3 if heads_first else -2)
+        grads = rotary_torch.backward(gq, gk, q, k, table, sin, need_q, need_k, pairs, heads)
         return grads if out is None else (*(o.copy_(g) for o, g in zip(out, grads)), None)
     grad_table = q is not None
     dq, dk, dt = out or (
@@ -121,13 +115,12 @@ def backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs, out=None, hea
         _grad_rows(table, gq) if grad_table else None,
     )
     ds = _grad_rows(sin, gq) if grad_table and sin is not None else None
-    heads = -3 if heads_first else -2
     n = rotary_torch.prefix(gq, table, heads)
     g_q, g_k, x_q, x_k, d_q, d_k = (
         _pass_prefix(n, heads, (gq, dq), (gk, dk), (q, None), (k, None))[:6] if n else (gq, gk, q, k, dq, dk)
     )
-    _launch().launch_bwd(grad_q_embed=g_q, grad_k_embed=g_k, grad_q=d_q, grad_k=d_k, q=x_q, k=x_k, pairs=pairs,
-                         heads_first=heads_first, **_tables(table, sin), **_table_grads(sin, dt, ds))  # fmt: skip
+    _launch().launch_bwd(grad_q_embed=g_q, grad_k_embed=g_k, grad_q=d_q, grad_k=d_k, q=x_q, k=x_k, cos=table, sin=sin,
+                         grad_cos=dt, grad_sin=ds, pairs=pairs, heads_first=heads_first)  # fmt: skip
     # A table shared by a batch: the kernel's per-sequence rows summed, in a fixed order.
     dt, ds = (g if g is None or g.shape == t.shape else g.sum(0, keepdim=True) for g, t in ((dt, table), (ds, sin)))
     return dq, dk, dt, ds
@@ -171,8 +164,7 @@ def rotary_bwd(
     need_q: bool, need_k: bool, pairs: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     outs = backward_impl(gq, gk, q, k, table, sin, need_q, need_k, pairs)
-    likes = (gq, gk, table, table)
-    return tuple(o if o is not None else like.new_empty((0,)) for o, like in zip(outs, likes))
+    return tuple(o if o is not None else like.new_empty((0,)) for o, like in zip(outs, (gq, gk, table, table)))
 
 
 @torch.library.custom_op(add_op_namespace_prefix("rope_bwd_out"), mutates_args=("grad_q", "grad_k", "grad_embeddings"))
@@ -193,13 +185,14 @@ def _(grad_q_embed, grad_k_embed, q, k, embeddings, grad_q, grad_k, grad_embeddi
 # ------------------------------------------------------------------ autograd
 
 
-def setup_context(ctx, inputs, output):
+def setup_context(ctx, inputs, output, bwd=rotary_bwd, heads_first=False):
+    """The context of rotary_fwd's autograd; bwd: the backward to run where no graph is recorded."""
     q, k, table, sin, ctx.pairs = inputs
     table_grad = ctx.needs_input_grad[2] or (sin is not None and ctx.needs_input_grad[3])
     # q and k are kept only when the table needs a gradient (the real models' cos/sin come
     # from buffers): that backward never reads them.
     ctx.save_for_backward(q if table_grad else None, k if table_grad else None, table, sin)
-    ctx.bwd, ctx.heads_first = rotary_bwd, False
+    ctx.bwd, ctx.heads_first = bwd, heads_first
 
 
 def backward(ctx, gq, gk):
@@ -229,8 +222,7 @@ class RotaryFn(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        setup_context(ctx, inputs, output)
-        ctx.bwd = rotary_grad  # the transforms run the backward on wrapped tensors
+        setup_context(ctx, inputs, output, rotary_grad)  # the transforms run the backward on wrapped tensors
         ctx.save_for_forward(*inputs[:4])
 
     backward = staticmethod(backward)
@@ -298,8 +290,7 @@ class EagerRotary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, table, sin, pairs, heads_first):
         out = forward_impl(q, k, table, sin, pairs, heads_first)
-        setup_context(ctx, (q, k, table, sin, pairs), out)
-        ctx.bwd, ctx.heads_first = backward_impl, heads_first
+        setup_context(ctx, (q, k, table, sin, pairs), out, backward_impl, heads_first)
         return out
 
     @staticmethod
@@ -398,14 +389,11 @@ def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", h
     """A transformers rotary call, checked, through the kernel. Vision form (heads_axis None): q, k
     [(B,) S, H, D], cos and sin [S, T] shared by the batch. Decoder form: q, k [B, H, S, D]
     (heads_axis -3) or [B, S, H, D] (-2), cos and sin [B or 1, S, T]; with prefix, [S', T], S' <= S:
-    the first S - S' tokens pass through (DINOv3). k None: a function of one tensor (its result
-    alone returned). pairs: rotary_torch's flags; repeated: the tables' first half holds a value
-    per pair (GLM). dtypes: each output in its input's dtype ("kept"), in its promotion with cos's
-    ("promoted"), or both in q's ("q"). fn names the function in errors.
+    the first S - S' tokens pass through (DINOv3). k None: a function of one tensor. pairs, repeated
+    and dtypes: the variant's (variants.py; pairs as rotary_torch's flags). fn names it in errors.
 
-    A call like one that passed (_signature) is not checked again; under no grad, where it
-    launched the kernel on its inputs as they are, it allocates the outputs and launches that
-    launch again (_Relaunch): the host time of a decoding step."""
+    A call like one that passed (_signature) is not checked again, and under no grad repeats its
+    launch (_Relaunch): the host time of a decoding step."""
     key = _signature(fn, (pairs, repeated, prefix), dtypes, heads_axis, q, k, cos, sin)
     seen = _SEEN.get(key) if key is not None else None
     if seen is not None and seen.route is not None and _untracked(q, k, cos, sin):
@@ -428,8 +416,8 @@ def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", h
     if seen is None:  # on [B, S, H, D] views, as the messages name the sizes
         qc, kc = (x.transpose(-3, -2) if heads_axis == -3 and isinstance(x, Tensor) and x.dim() == 4 else x
                   for x in (q, k))  # fmt: skip
-        names = [("x", qc)] if single else [("q", qc), ("k", kc)]
-        check_inputs(fn, names if not single else [*names, ("x", kc)], [("cos", cos), ("sin", sin)], batched=batched,
+        names = [("x", qc), ("x", kc)] if single else [("q", qc), ("k", kc)]
+        check_inputs(fn, names, [("cos", cos), ("sin", sin)], batched=batched,
                      pair_table=bool(pairs & rotary_torch.PAIR_TABLE) and not repeated, prefix=prefix)  # fmt: skip
     if dtypes == "promoted":  # computed from the unrounded inputs
         q, k = (_to(x, torch.promote_types(x.dtype, cos.dtype)) for x in (q, k))
@@ -463,10 +451,9 @@ _SEEN = {}  # _signature of the rotary_calls that passed the checks -> their _Re
 
 
 def _signature(fn, pairs, dtypes, heads_axis, *tensors):
-    """What rotary_call's checks and launch read of a call: its options and each tensor's kind,
-    shape, strides, dtype and device; None while tracing or for an argument neither a tensor nor
-    None. Plain tuples (no torch.Size): the garbage collector stops tracking such a key, so a new S
-    at every step adds nothing for its full collections to walk."""
+    """What rotary_call's checks and launch read of a call; None while tracing or for an argument
+    neither a tensor nor None. Plain tuples (no torch.Size): the garbage collector stops tracking
+    such a key, so a new S at every step adds nothing for its full collections to walk."""
     if torch.compiler.is_compiling():
         return None
     try:
@@ -479,8 +466,7 @@ def _signature(fn, pairs, dtypes, heads_axis, *tensors):
 
 class _Relaunch:
     """A rotary_call that passed the checks and, where it ran the kernel on its inputs' own memory
-    under no grad, its launch (launch._Route) and outputs' layout: a call of its signature under no
-    grad allocates the outputs and launches, nothing more."""
+    under no grad, its launch (launch._Route) and outputs' layout."""
 
     __slots__ = ("route", "pairs", "outs")
 
@@ -569,10 +555,9 @@ def rope_bwd(
         bwd = rotary_grad if transforms_active() else rotary_bwd
         dq, dk, de, _ = bwd(grad_q_embed, grad_k_embed, q, k, embeddings, None, True, True, interleaved)
         return dq, dk, de
-    expected = [(n, t.shape, t.dtype, t.device) for n, t in zip(_OUT_AND_INPUTS, (q, k, embeddings))]
-    check_out(fn, out, expected)
+    check_out(fn, out, [*zip(_OUT_AND_INPUTS, (q, k, embeddings))])
     names = [f"out[{n}]" if i < 3 else n for i, n in enumerate(_OUT_AND_INPUTS)]
-    check_out_autograd(fn, names, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))
+    check_out_autograd(fn, [*zip(names, (*out, grad_q_embed, grad_k_embed, q, k, embeddings))])
     rope_bwd_out(grad_q_embed, grad_k_embed, q, k, embeddings, *out, interleaved)
     return tuple(out)
 

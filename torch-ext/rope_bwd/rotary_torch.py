@@ -133,12 +133,9 @@ def forward(q, k, table, sin=None, pairs=0, heads=-2):
 
 
 def backward(gq, gk, q, k, table, sin=None, need_q=True, need_k=True, pairs=0, heads=-2):
-    """(grad_q, grad_k, grad_table, grad_sin), None where not asked for.
-
-    The table gradient is computed when q and k are given (they are read only for it):
-    the angles' gradient when sin is None, else (grad_cos, grad_sin); a table shared by a
-    batch gets the sum over it.
-    """
+    """(grad_q, grad_k, grad_table, grad_sin), None where not asked for. The table gradient when
+    q and k are given (read only for it): the angles' when sin is None, else (grad_cos, grad_sin);
+    a table shared by a batch gets the sum over it."""
     n = prefix(gq, table, heads)
     if n:  # the prefix's gradient passes through
         (g0, g1), (h0, h1) = tokens(gq, n, heads), tokens(gk, n, heads)

@@ -49,7 +49,7 @@ def triton_version() -> str:
     return ".".join(re.findall(r"\d+", triton.__version__)[:2])
 
 
-def _version_tuple(v: str) -> tuple:
+def version_tuple(v: str) -> tuple:
     return tuple(int(n) for n in v.split("."))
 
 
@@ -63,8 +63,8 @@ def tuned_table(device_name: str, version: str) -> dict:
     """The table of the newest version key of the GPU's file not above `version`; {} if none."""
     path = config_file(device_name)
     tables = json.loads(path.read_text()) if path.is_file() else {}
-    keys = [v for v in tables if _version_tuple(v) <= _version_tuple(version)]
-    return tables[max(keys, key=_version_tuple)] if keys else {}
+    keys = [v for v in tables if version_tuple(v) <= version_tuple(version)]
+    return tables[max(keys, key=version_tuple)] if keys else {}
 
 
 def default_config(mode: str, S: int, R: int, D: int, elem_size: int, n_sm: int = 132) -> dict:

@@ -6,17 +6,13 @@ from torch.autograd import forward_ad
 
 MAX_HEAD_DIM = 512  # DeepSeek-V4: heads of 512 with a 64-channel rope slice
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_TABLE_RULE = {
-    True: ("/2], one value per rotated pair, with R", ""),
-    False: ("] with R even and", " (R < D: partial rotary)"),
-}
 
 
-def _tensor(fn, name, shape, dtype, ndim, layout):
-    if len(shape) != ndim:
-        raise ValueError(f"{fn}: {name} must be a {ndim}-D tensor {layout}, got shape {tuple(shape)}")
-    if dtype not in _FLOATS:
-        raise TypeError(f"{fn}: {name} must be float32, bfloat16, float16 or float64, got {dtype}")
+def _tensor(fn, name, t, ndim, layout):
+    if t.dim() != ndim:
+        raise ValueError(f"{fn}: {name} must be a {ndim}-D tensor {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"{fn}: {name} must be float32, bfloat16, float16 or float64, got {t.dtype}")
 
 
 def _same(fn, name, got, want, what):
@@ -37,8 +33,47 @@ def check_inputs(fn, heads, tables, grads=(), batched=False, pair_table=False, p
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    metas = [tuple([(n, t.shape, t.dtype, t.device) for n, t in group]) for group in (heads, tables, grads)]
-    _check_meta(fn, *metas, batched, pair_table, prefix)
+    b = int(batched)  # past the batch's checks, each tensor's shape[b:]
+    for name, t in (*heads, *grads):
+        _tensor(fn, name, t, 3 + b, "[B, S, H, D]" if batched else "[S, H, D]")
+    for name, t in tables:
+        _tensor(fn, name, t, 2 + b, "[B, S, R]" if batched else "[S, D]")
+    (qn, q), (kn, k) = heads
+    if batched:
+        B = q.shape[0]
+        for name, t in (*heads[1:], *grads):
+            _same(fn, name, t.shape[0], B, "q's batch size B =")
+        for name, t in tables:
+            if t.shape[0] not in (1, B):
+                raise ValueError(f"{fn}: {name} must have batch size 1 or q's batch size {B}, got {t.shape[0]}")
+    S, _, D = q.shape[b:]
+    if D % 2 or not 0 < D <= MAX_HEAD_DIM:
+        raise ValueError(f"{fn}: {qn} head_dim (last dimension) must be even and in 2..{MAX_HEAD_DIM}, got {D}")
+    _same(fn, kn, (k.shape[b], k.shape[b + 2]), (S, D), "(S, D) equal to q's")
+    # q and k may differ in dtype (transformers casts each to float32 and back); a gradient
+    # comes in the dtype of its tensor, as autograd hands it over.
+    for (name, g), (of_name, x) in zip(grads, heads):
+        _same(fn, name, tuple(g.shape[b:]), tuple(x.shape[b:]), f"the shape of {of_name}")
+        _same(fn, name, g.dtype, x.dtype, f"the dtype of {of_name}")
+    for name, t in tables:
+        if not prefix:
+            _same(fn, name, t.shape[b], S, "q's token count S =")
+        elif t.shape[b] > S:
+            raise ValueError(f"{fn}: {name} must have at most q's token count S = {S} tokens, got {t.shape[b]}")
+        R = 2 * t.shape[-1] if pair_table else t.shape[-1]
+        if R % 2 or not 0 < R <= D:
+            what = "/2], one value per rotated pair, with R" if pair_table else "] with R even and"
+            tail = "" if pair_table else " (R < D: partial rotary)"
+            raise ValueError(f"{fn}: {name} must be [S, R{what} at most head_dim {D}{tail}, got {tuple(t.shape[b:])}")
+    if len(tables) == 2:
+        (cn, c), (sn, sin) = tables
+        _same(fn, sn, tuple(sin.shape[b:]), tuple(c.shape[b:]), f"the shape of {cn}")
+        _same(fn, sn, sin.dtype, c.dtype, f"the dtype of {cn}")
+    for name, t in named:
+        if t.device != q.device:
+            raise ValueError(
+                f"{fn}: {name} is on {t.device}, but {qn} is on {q.device}; all tensors must be on one device"
+            )
     if key is not None:
         if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _PASSED.clear()
@@ -67,49 +102,6 @@ def _passed_key(fn, named, batched):
     except (AttributeError, IndexError, TypeError):
         return None
     return key
-
-
-def _check_meta(fn, heads, tables, grads, batched=False, pair_table=False, prefix=False):
-    """check_inputs on (name, shape, dtype, device) of each tensor."""
-    b = int(batched)
-    for name, shape, dtype, _ in heads + grads:
-        _tensor(fn, name, shape, dtype, 3 + b, "[B, S, H, D]" if batched else "[S, H, D]")
-    for name, shape, dtype, _ in tables:
-        _tensor(fn, name, shape, dtype, 2 + b, "[B, S, R]" if batched else "[S, D]")
-    if batched:
-        B = heads[0][1][0]
-        for name, shape, _, _ in heads[1:] + grads:
-            _same(fn, name, shape[0], B, "q's batch size B =")
-        for name, shape, _, _ in tables:
-            if shape[0] not in (1, B):
-                raise ValueError(f"{fn}: {name} must have batch size 1 or q's batch size {B}, got {shape[0]}")
-        heads, tables, grads = ([(n, sh[1:], dt, dev) for n, sh, dt, dev in g] for g in (heads, tables, grads))
-    (qn, (S, _, D), _, q_device), (kn, k_shape, _, _) = heads
-    if D % 2 or not 0 < D <= MAX_HEAD_DIM:
-        raise ValueError(f"{fn}: {qn} head_dim (last dimension) must be even and in 2..{MAX_HEAD_DIM}, got {D}")
-    _same(fn, kn, (k_shape[0], k_shape[2]), (S, D), "(S, D) equal to q's")
-    # q and k may differ in dtype (transformers casts each to float32 and back); a gradient
-    # comes in the dtype of its tensor, as autograd hands it over.
-    for (name, shape, dtype, _), (of_name, of_shape, of_dtype, _) in zip(grads, heads):
-        _same(fn, name, tuple(shape), tuple(of_shape), f"the shape of {of_name}")
-        _same(fn, name, dtype, of_dtype, f"the dtype of {of_name}")
-    for name, shape, _, _ in tables:
-        if not prefix:
-            _same(fn, name, shape[0], S, "q's token count S =")
-        elif shape[0] > S:
-            raise ValueError(f"{fn}: {name} must have at most q's token count S = {S} tokens, got {shape[0]}")
-        R = 2 * shape[1] if pair_table else shape[1]
-        if R % 2 or not 0 < R <= D:
-            what, tail = _TABLE_RULE[bool(pair_table)]
-            raise ValueError(f"{fn}: {name} must be [S, R{what} at most head_dim {D}{tail}, got {tuple(shape)}")
-    if len(tables) == 2:
-        _same(fn, tables[1][0], tuple(tables[1][1]), tuple(tables[0][1]), f"the shape of {tables[0][0]}")
-        _same(fn, tables[1][0], tables[1][2], tables[0][2], f"the dtype of {tables[0][0]}")
-    for name, _, _, device in heads + tables + grads:
-        if device != q_device:
-            raise ValueError(
-                f"{fn}: {name} is on {device}, but {qn} is on {q_device}; all tensors must be on one device"
-            )
 
 
 def _span(t):
@@ -147,32 +139,32 @@ def _overlap(a, b):
     return rem != 0 or _self_overlapping((2, *a.shape), (step, *a.stride()))
 
 
-def check_out(fn, out, expected):
-    """out: the caller's output tensors; expected: [(name, shape, dtype, device)]. Where they sit
-    in memory: check_out_memory, when the op runs."""
-    if not isinstance(out, (tuple, list)) or len(out) != len(expected):
-        raise TypeError(f"{fn}: out must be a tuple of {len(expected)} tensors ({', '.join(e[0] for e in expected)})")
-    for t, (name, shape, dtype, device) in zip(out, expected):
+def check_out(fn, out, likes):
+    """out: the caller's output tensors, each shaped, typed and placed as its (name, tensor) of
+    `likes`. Where they sit in memory: check_out_memory, when the op runs."""
+    if not isinstance(out, (tuple, list)) or len(out) != len(likes):
+        raise TypeError(f"{fn}: out must be a tuple of {len(likes)} tensors ({', '.join(n for n, _ in likes)})")
+    for t, (name, like) in zip(out, likes):
         where = f"out[{name}]"
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {where} must be a torch.Tensor, got {type(t).__name__}")
-        _same(fn, where, tuple(t.shape), tuple(shape), "shape")
-        if t.dtype != dtype:
-            raise TypeError(f"{fn}: {where} must have dtype {dtype}, got {t.dtype}")
-        _same(fn, where, t.device, device, "device")
+        _same(fn, where, tuple(t.shape), tuple(like.shape), "shape")
+        if t.dtype != like.dtype:
+            raise TypeError(f"{fn}: {where} must have dtype {like.dtype}, got {t.dtype}")
+        _same(fn, where, t.device, like.device, "device")
         # Traced, strides may be symbolic (no sorting them): an expanded dimension is the
         # layout whose elements share memory that a trace can see; the op checks the rest.
         if torch.compiler.is_compiling() and any(st == 0 and n != 1 for n, st in zip(t.shape, t.stride())):
             _raise_self_overlapping(fn, name, t)
 
 
-def check_out_autograd(fn, names, tensors):
-    """Refuses out= buffers or inputs (`tensors`, named `names`) that require grad under grad mode or
-    carry a forward-mode tangent: what out= receives is not differentiable, a gradient not lost silently."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        name, what = next(n for n, t in zip(names, tensors) if t.requires_grad), "requires grad"
+def check_out_autograd(fn, named):
+    """Refuses out= buffers or inputs ([(name, tensor)]) that require grad under grad mode or carry
+    a forward-mode tangent: what out= receives is not differentiable, a gradient not lost silently."""
+    if torch.is_grad_enabled() and any(t.requires_grad for _, t in named):
+        name, what = next(n for n, t in named if t.requires_grad), "requires grad"
     elif not torch.compiler.is_compiling() and forward_ad._current_level >= 0:
-        name = next((n for n, t in zip(names, tensors) if forward_ad.unpack_dual(t).tangent is not None), None)
+        name = next((n for n, t in named if forward_ad.unpack_dual(t).tangent is not None), None)
         if name is None:
             return
         what = "carries a forward-mode tangent"
