@@ -222,11 +222,6 @@ def _encode_traced(strides, S):
     return tuple(out)
 
 
-def _key(tensors, S):
-    """The tensors' layout (_layout): what keys a plan, with the sizes and the configuration."""
-    return _layout([t if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors], S)
-
-
 def _layout(metas, S):
     """Per tensor None or (encoded strides by role, dtype, 16-byte alignment), of its metas."""
     return tuple(
