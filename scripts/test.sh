@@ -12,8 +12,9 @@
 # pins, in a venv of their own), and the workflows' lint. Arguments go to the first two pytest runs. Every pytest run prints
 # its skips by reason and fails on one outside tests/skips.py's short list.
 # Each stage's wall time is printed at the end. The venvs of hub CI's twin and of the newest torch
-# (a few GB of wheels to unpack, one process) are made in the background while setup.sh makes
-# .venv, on CI's other core; the hub-ci stage waits for them (its time counts that wait).
+# (a few GB of wheels to unpack, one process) are made in the background, niced, while setup.sh
+# makes .venv on CI's other core and after it wherever a core idles; the hub-ci stage waits for
+# them (its time counts that wait).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 times=()
@@ -30,8 +31,9 @@ report() {
 trap report EXIT
 PY=.venv/bin/python
 prepare_log=$(mktemp)
-(bash scripts/hub-ci.sh --prepare requirements-oldest.txt requirements-newest.txt &&
-  bash scripts/against.sh --prepare requirements-newest.txt) > "$prepare_log" 2>&1 &
+# niced: where both cores are busy with tests, the tests come first
+(nice -n 19 bash scripts/hub-ci.sh --prepare requirements-oldest.txt requirements-newest.txt &&
+  nice -n 19 bash scripts/against.sh --prepare requirements-newest.txt) > "$prepare_log" 2>&1 &
 prepare_pid=$!
 prepared() {  # wait for the venvs; where making them failed, the stages make them (and fail) themselves
   wait "$prepare_pid" || echo "making the venvs in the background failed (the stages retry):"
