@@ -11,12 +11,17 @@
 # .venv/<file's name>-torch (made once, again when those pins change; .venv's site-packages
 # after its own serves the rest), and the package tests (tests/test_*.py) on it: hub CI's subset
 # on the CPU, then the interpret-marked cases in Triton's interpreter. Further arguments go to pytest.
+# With --prepare first, it only makes that torch venv (it needs no .venv: scripts/test.sh makes it
+# while setup.sh makes .venv, on CI's other core).
 #   bash scripts/against.sh requirements-oldest.txt
+#   bash scripts/against.sh --prepare requirements-newest.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
-env_file=${1:?usage: scripts/against.sh <requirements file with kernels and transformers pins> [pytest args]}
+prepare=
+[ "${1:-}" != --prepare ] || { prepare=1; shift; }
+env_file=${1:?usage: scripts/against.sh [--prepare] <requirements file with kernels and transformers pins> [pytest args]}
 shift
-bash scripts/setup.sh
+[ -n "$prepare" ] || bash scripts/setup.sh
 has_pins() {  # whether .venv's python (with PYTHONPATH) sees the file's kernels and transformers pins
   .venv/bin/python - "$env_file" <<'PY'
 import importlib.metadata as md
@@ -31,32 +36,40 @@ sys.exit(got != pins)
 PY
 }
 mapfile -t torch_pins < <(grep -E '^(torch|triton)==' "$env_file" || true)
+venv=.venv/$(basename "$env_file" .txt)-torch
+torch_venv() {  # make $venv with the file's torch and triton (once, again when those pins change)
+  local want
+  want=$(printf '%s\n' "${torch_pins[@]}" | sha256sum | cut -d' ' -f1)
+  [ "$(cat "$venv/.requirements.sha" 2>/dev/null)" != "$want" ] || return 0
+  rm -rf "$venv"
+  local py=${PYTHON:-python3.11}
+  command -v "$py" >/dev/null || py=python3
+  "$py" -m venv "$venv"
+  # with their dependencies: the torch wheel of this index is a CUDA build, which loads CUDA's
+  # libraries even on a machine without a GPU
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${torch_pins[@]}"
+  echo "$want" > "$venv/.requirements.sha"
+}
+if [ -n "$prepare" ]; then
+  # where .venv's torch is the file's, newer_torch makes no venv (.venv has none yet to ask)
+  want_torch=$(grep -oP '^torch==\K\S+' "$env_file" || true)
+  [ -z "$want_torch" ] || [ "$want_torch" = "$(grep -oP '^torch==\K\S+' requirements-dev.txt)" ] || torch_venv
+  exit 0
+fi
 newer_torch() {  # the file's torch and triton in a venv of their own, where torch is not .venv's
-  local want_torch venv
+  local want_torch
   want_torch=$(grep -oP '^torch==\K\S+' "$env_file" || true)
   [ -n "$want_torch" ] || return 0
   if [ "$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))')" = "$want_torch" ]; then
     echo "$env_file: .venv has torch $want_torch; the suite and interpreter stages ran the package tests on it"
     return 0
   fi
-  venv=.venv/$(basename "$env_file" .txt)-torch
-  local want
-  want=$(printf '%s\n' "${torch_pins[@]}" | sha256sum | cut -d' ' -f1)
-  if [ "$(cat "$venv/.requirements.sha" 2>/dev/null)" != "$want" ]; then
-    rm -rf "$venv"
-    local py=${PYTHON:-python3.11}
-    command -v "$py" >/dev/null || py=python3
-    "$py" -m venv "$venv"
-    # with their dependencies: the torch wheel of this index is a CUDA build, which loads CUDA's
-    # libraries even on a machine without a GPU
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${torch_pins[@]}"
-    # after its own site-packages, .venv's, for kernels, pytest and the rest (torch and triton
-    # are its own); relative, as the venv lies inside .venv wherever that is
-    "$venv/bin/python" -c 'import os, sys, sysconfig; p = sysconfig.get_path("purelib")
+  torch_venv
+  # after its own site-packages, .venv's, for kernels, pytest and the rest (torch and triton
+  # are its own); relative, as the venv lies inside .venv wherever that is
+  "$venv/bin/python" -c 'import os, sys, sysconfig; p = sysconfig.get_path("purelib")
 open(os.path.join(p, "dot-venv.pth"), "w").write(os.path.relpath(sys.argv[1], p) + "\n")' \
-      "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-    echo "$want" > "$venv/.requirements.sha"
-  fi
+    "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
   "$venv/bin/python" - "$env_file" <<'PY'
 import importlib.metadata as md
 import pathlib

@@ -9,23 +9,17 @@
 # requirements-newest.txt), with that file's kernels (installed into a folder of its own,
 # laid on PYTHONPATH), the files' runs side by side: each is one process, CI has two cores.
 # Fails unless at least MIN_TESTS tests ran and all passed in each.
+# With --prepare first, it only makes the venv and the kernels folders (it needs no .venv:
+# scripts/test.sh makes them while setup.sh makes .venv, on CI's other core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MIN_TESTS=20
+prepare=
+[ "${1:-}" != --prepare ] || { prepare=1; shift; }
 envs=("$@")
 [ ${#envs[@]} -gt 0 ] || envs=(requirements-oldest.txt requirements-newest.txt)
-bash scripts/setup.sh  # the toolkit, which builds the variants as kernel-builder lays them out
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-
-exts=$(.venv/bin/python -c 'import tomllib; print(*tomllib.load(open("build.toml", "rb"))["torch-noarch"]["pyext"])')
-mkdir "$work/src"
-cp build.toml "$work/src/"
-for ext in $exts; do
-  find torch-ext tests -type f -name "*.$ext" -not -path '*/__pycache__/*' -exec cp --parents {} "$work/src/" \;
-done
-.venv/bin/python -m rope_bwd_triton build --out "$work/kernel" >/dev/null
-repo_id=$(.venv/bin/python -c 'from rope_bwd_triton.build import repo_id; print(repo_id())')
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
@@ -39,6 +33,30 @@ if [ "$(cat "$venv/.requirements.sha" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$venv/.requirements.sha"
 fi
 venv=$(cd "$venv" && pwd)  # the runs start in $work
+kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of its own, $venv/<file's name>
+  local site kernels_pin
+  site=$venv/$(basename "$1" .txt)
+  kernels_pin=$(grep -E '^kernels==' "$1")
+  if [ "$(cat "$site/.pin" 2>/dev/null)" != "$kernels_pin" ]; then
+    rm -rf "$site"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$site" "$kernels_pin"
+    echo "$kernels_pin" > "$site/.pin"
+  fi
+}
+for env_file in "${envs[@]}"; do
+  kernels_site "$env_file"
+done
+[ -z "$prepare" ] || exit 0
+
+bash scripts/setup.sh  # the toolkit, which builds the variants as kernel-builder lays them out
+exts=$(.venv/bin/python -c 'import tomllib; print(*tomllib.load(open("build.toml", "rb"))["torch-noarch"]["pyext"])')
+mkdir "$work/src"
+cp build.toml "$work/src/"
+for ext in $exts; do
+  find torch-ext tests -type f -name "*.$ext" -not -path '*/__pycache__/*' -exec cp --parents {} "$work/src/" \;
+done
+.venv/bin/python -m rope_bwd_triton build --out "$work/kernel" >/dev/null
+repo_id=$(.venv/bin/python -c 'from rope_bwd_triton.build import repo_id; print(repo_id())')
 
 variant=torch-$("$venv/bin/python" -c 'import torch; print("cuda" if torch.version.cuda else "cpu")')
 run() {  # run ENV_FILE: the kernels_ci tests with that file's kernels; its output in $work/<file>.log
@@ -47,11 +65,6 @@ run() {  # run ENV_FILE: the kernels_ci tests with that file's kernels; its outp
   local kernels_pin
   kernels_pin=$(grep -E '^kernels==' "$env_file")
   local site=$venv/$name
-  if [ "$(cat "$site/.pin" 2>/dev/null)" != "$kernels_pin" ]; then
-    rm -rf "$site"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$site" "$kernels_pin"
-    echo "$kernels_pin" > "$site/.pin"
-  fi
   local start=$SECONDS rc=0
   (cd "$work" && env -u TRITON_INTERPRET -u LD_LIBRARY_PATH PYTHONPATH="$work/kernel/$variant:$site" \
     LOCAL_KERNELS="$repo_id=$work/kernel" "$venv/bin/python" -m pytest "$work/src/tests" -m kernels_ci \

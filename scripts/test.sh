@@ -11,7 +11,10 @@
 # the newest torch and its Triton, on the CPU and in the interpreter (requirements-newest.txt's
 # pins, in a venv of their own), and the workflows' lint. Arguments go to the first two pytest runs. Every pytest run prints
 # its skips by reason and fails on one outside tests/skips.py's short list.
-# Each stage's wall time is printed at the end.
+# Each stage's wall time is printed at the end. The venvs of hub CI's twin and of the newest torch
+# (a few GB of wheels to unpack, one process) are made in the background, niced, while setup.sh
+# makes .venv on CI's other core and after it wherever a core idles; the hub-ci stage waits for
+# them (its time counts that wait).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 times=()
@@ -27,13 +30,26 @@ report() {
 }
 trap report EXIT
 PY=.venv/bin/python
+prepare_log=$(mktemp)
+# niced: where both cores are busy with tests, the tests come first
+(nice -n 19 bash scripts/hub-ci.sh --prepare requirements-oldest.txt requirements-newest.txt &&
+  nice -n 19 bash scripts/against.sh --prepare requirements-newest.txt) > "$prepare_log" 2>&1 &
+prepare_pid=$!
+prepared() {  # wait for the venvs; where making them failed, the stages make them (and fail) themselves
+  wait "$prepare_pid" || echo "making the venvs in the background failed (the stages retry):"
+  cat "$prepare_log" && rm -f "$prepare_log"
+}
 stage setup bash scripts/setup.sh
 stage ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'  # configured in pyproject.toml
 stage suite $PY -m pytest -q -n 2 --dist loadgroup "$@"  # loadgroup: tests/toolkit/test_bench.py
 stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q -n 2 tests/test_*.py \
   tests/toolkit/test_families.py::test_kernelized_function_equals_the_familys \
   tests/toolkit/test_decoders.py::test_decoder_family "$@"
-stage hub-ci bash scripts/hub-ci.sh requirements-oldest.txt requirements-newest.txt
+hub_ci() {
+  prepared
+  bash scripts/hub-ci.sh requirements-oldest.txt requirements-newest.txt
+}
+stage hub-ci hub_ci
 stage oldest bash scripts/against.sh requirements-oldest.txt
 stage newest bash scripts/against.sh requirements-newest.txt
 stage lint-workflows bash scripts/lint-workflows.sh

@@ -226,6 +226,21 @@ def test_plan_cache_does_not_grow_with_sizes(kernel, gen):
     assert launch._ROUTES and not any(gc.is_tracked(entry) for key in launch._ROUTES for entry in key)
 
 
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERPRET, reason="the launch path of CPU tensors: runs only under TRITON_INTERPRET=1")
+def test_routes_are_bounded(kernel, gen, monkeypatch):
+    """The routes (one per call signature, so one per S) never pass 1024: a call with a new
+    signature that finds them full drops them all, then runs (checked) and keeps its own (one per
+    launch it makes)."""
+    launch = _launch(kernel)
+    full = {("stand-in", i): None for i in range(1024)}
+    monkeypatch.setattr(launch, "_ROUTES", full)
+    q, k, grads = _heads("qkv", 6, 2, 16, torch.float32, gen, True)
+    e, cos, sin = _tables("contiguous", 6, 16, gen, True)
+    _check("bwd_qk", _call(kernel, "bwd_qk", q, k, grads, e, cos, sin), q, k, grads, e, cos, sin, torch.float32)
+    assert launch._ROUTES is full and 0 < len(full) < 1024 and not any(key[0] == "stand-in" for key in full)
+
+
 # ------------------------------------------------------------------------ GPU
 
 

@@ -12,6 +12,8 @@ import pytest
 from rope_bwd_triton import models
 from rope_bwd_triton.build import build_variants, repo_id
 
+from ..helpers import INTERPRET
+
 HUB_TWINS = Path(__file__).parent / "hub_twins"  # kernels-community's layers that transformers maps
 
 
@@ -61,3 +63,36 @@ def hub_twins(hub_twin_builds, monkeypatch) -> str:
     offline, wherever transformers (or a test) asks."""
     monkeypatch.setenv("LOCAL_KERNELS", f"{os.environ['LOCAL_KERNELS']}:{hub_twin_builds}")
     return hub_twin_builds
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under TRITON_INTERPRET=1 (scripts/test.sh's interpreter stage) the per-family tests run one
+    family for each set of calls the kernel gets: a test module's INTERPRETER_KEYS maps a test's
+    name to a function of (kernel, family) naming what the test launches for the family (the
+    variant's layer, the shapes and dtypes of its cases; None: keep the family). Of the families
+    of one key the first stays, the others are deselected: a layer's kernel is the same whatever
+    family it stands for, and the CPU pass (the suite stage, and scripts/against.sh on the oldest
+    transformers) checks every family's function against its layer. ROPE_INTERPRET_ALL=1 keeps
+    every family."""
+    if not INTERPRET or os.environ.get("ROPE_INTERPRET_ALL") == "1":
+        return
+    per_family = [i for i in items if i.originalname in getattr(i.module, "INTERPRETER_KEYS", {})]
+    if not per_family:
+        return
+    import kernels
+
+    kernel = kernels.get_kernel(repo_id(), version=1)  # as the kernel fixture loads it
+    seen, dropped = set(), []
+    for item in per_family:
+        params = item.callspec.params
+        key = item.module.INTERPRETER_KEYS[item.originalname](kernel, params["family"])
+        if key is None:
+            continue
+        key = (item.originalname, params.get("device"), key)
+        if key in seen:
+            dropped.append(item)
+        seen.add(key)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        items[:] = [i for i in items if id(i) not in gone]

@@ -10,6 +10,7 @@ with TRITON_INTERPRET=1) and on the GPU, small shapes.
 """
 
 import copy
+import functools
 import inspect
 import os
 import re
@@ -214,6 +215,26 @@ def test_decoder_family(kernel, integrations, family, device, cases):
     assert FULL & set(taken), f"{qualified} raised on every case that rotates all of head_dim"
     assert not (mismatch := on.mismatch(variant.layer_name, layer, own, single, taken)), mismatch
 
+
+def _interpreter_key(kernel, family):
+    """What test_decoder_family launches for the family (tests/toolkit/conftest.py keeps one family
+    per key in Triton's interpreter): its variant's layer on the cases it takes, each layer's
+    results computed once per case (Cases); a refused function: None (kept)."""
+    own = models.modeling_module(family).apply_rotary_pos_emb
+    try:
+        variant = kernel.integrations.classify(own)
+    except ValueError:
+        return None
+    taken = _shapes().taken(own, variant.form == "single")
+    return variant.layer_name, tuple(w for w in taken if variant.table == "pair" or "per pair" not in w)
+
+
+@functools.cache
+def _shapes():
+    return Cases(torch.Generator().manual_seed(0), "cpu")  # which cases a function takes: their shapes alone
+
+
+INTERPRETER_KEYS = {"test_decoder_family": _interpreter_key}
 
 # ------------------------------------------------------------------------------ tiny models
 

@@ -267,6 +267,21 @@ def test_kernelized_function_equals_the_familys(kernel, integrations, family, de
             )
 
 
+def _interpreter_key(kernel, family):
+    """What test_kernelized_function_equals_the_familys launches for the family (tests/toolkit/
+    conftest.py keeps one family per key in Triton's interpreter): its variant's layer, its
+    head_dim, and the shapes and dtypes of its cases; None (kept) for a family the installed
+    transformers lacks."""
+    if family not in FAMILIES:
+        return None
+    own = models.modeling_module(family).apply_rotary_pos_emb_vision
+    D = vision_heads(family)[0]
+    cases = tuple((lead, dt, table_dt, R) for _, lead, dt, table_dt, R in _cases(own, D))
+    return kernel.integrations.classify(own).layer_name, D, cases
+
+
+INTERPRETER_KEYS = {"test_kernelized_function_equals_the_familys": _interpreter_key}
+
 # ------------------------------------------------------------------------- tiny encoders
 
 # family -> tiny configuration (head_dim 16) of its vision model (models.FAMILIES)
