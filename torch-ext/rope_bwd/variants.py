@@ -230,6 +230,7 @@ def classify(function, name: str = None) -> Variant:
     variant = next((v for v, w in why.items() if not w and v in checked), None)
     if variant is None:
         reasons = set(why.values())
+        why = {v: w or "no probe it ran has tables of this variant's form" for v, w in why.items()}
         text = reasons.pop() if len(reasons) == 1 else "; ".join(f"as {v.layer_name}, {w}" for v, w in why.items())
         raise ValueError(f"{prefix}: {text}")
     _CLASSIFIED[function] = variant
