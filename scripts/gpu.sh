@@ -98,7 +98,11 @@ print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').l
       "decoder-untuned 20 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy --untuned"
       "decode-untuned 20 --preset decode --peers= --untuned")
   fi
-  local run name cap
+  local run name cap kept=()
+  for name in ${RELEASE_ONLY:-}; do  # RELEASE_ONLY="families bench": those records alone, in that order
+    for run in "${runs[@]}"; do [[ $run == "$name "* ]] && kept+=("$run"); done
+  done
+  [ -n "${RELEASE_ONLY:-}" ] && runs=("${kept[@]}")
   # Beside the tests, every record once at 3 calls, unmeasured and niced: Triton's and inductor's
   # on-disk caches then hold their kernels, and the measured runs below do not compile.
   for run in "${runs[@]}"; do
