@@ -31,8 +31,10 @@ report() {
 trap report EXIT
 PY=.venv/bin/python
 prepare_log=$(mktemp)
-# niced: where both cores are busy with tests, the tests come first
-(nice -n 19 bash scripts/hub-ci.sh --prepare requirements-oldest.txt requirements-newest.txt &&
+# niced: where both cores are busy with tests, the tests come first. They live under .venv: they
+# start once setup.sh's venv has made it (both making it at once fails one of them: File exists).
+(for _ in $(seq 600); do [ -x .venv/bin/python ] && break; sleep 1; done  # bounded: setup.sh may fail
+  nice -n 19 bash scripts/hub-ci.sh --prepare requirements-oldest.txt requirements-newest.txt &&
   nice -n 19 bash scripts/against.sh --prepare requirements-newest.txt) > "$prepare_log" 2>&1 &
 prepare_pid=$!
 prepared() {  # wait for the venvs; where making them failed, the stages make them (and fail) themselves
