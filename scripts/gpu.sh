@@ -11,7 +11,7 @@
 #             compile caches), then the whole_gpu tests alone, then the records,
 #             tuned and, where the GPU has a tuned table, --untuned: the suite preset's 16 public
 #             workloads, realcall, decoder, decode. $OUT gets tests.log, tests-big.log,
-#             release.log and <gpu>.tar.gz (release.json; bench, realcall, decoder, decode, families and their
+#             release.log, warm.tar.gz (the unmeasured runs' logs) and <gpu>.tar.gz (release.json; bench, realcall, decoder, decode, families and their
 #             -untuned twins, each as json, md and png), each as soon as its step ends; the last
 #             line sums up. Unpack the tar into benchmarks/, then `python -m rope_bwd_triton results`
 #             writes RESULTS.md's section of that GPU and the README's performance table from it
@@ -108,8 +108,9 @@ print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').l
   for run in "${runs[@]}"; do
     read -r name cap args <<<"$run"
     # shellcheck disable=SC2086  # the arguments are words
+    [[ $args == *"--preset suite"* ]] && args+=" --copy-mib 64"  # that preset's copy peer: a smaller buffer
     nice -n 10 timeout -k 5 "$(left 240 "$reserve")" python3 -m rope_bwd_triton bench $args --calls 3 --rounds 1 \
-      --copy-mib 64 --json "/tmp/warm/$name.json" --markdown "/tmp/warm/$name.md" --plot "/tmp/warm/$name.png" \
+      --json "/tmp/warm/$name.json" --markdown "/tmp/warm/$name.md" --plot "/tmp/warm/$name.png" \
       >"/tmp/warm/$name.log" 2>&1 &
   done
   # -v: each test's outcome as it ends; SIGINT at the deadline: pytest still prints its failures
@@ -136,7 +137,7 @@ print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').l
     --big "$OUT/tests-big.log" "$big_rc" --seconds $((SECONDS - t0)) --records "${#runs[@]}"
   local status=$?
   tar czf "$OUT/.records.tmp" -C $records "$gpu" && mv "$OUT/.records.tmp" "$OUT/$gpu.tar.gz"
-  cp /tmp/warm/*.log "$OUT/" 2>/dev/null
+  tar czf "$OUT/warm.tar.gz" -C /tmp/warm .  # one file: a call brings back 8 at most
   return $status
 }
 rc=0
