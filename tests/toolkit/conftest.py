@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from rope_bwd_triton import models
 from rope_bwd_triton.build import build_variants, repo_id
@@ -43,6 +44,16 @@ def rotary_calls(kernel, monkeypatch):
 
     monkeypatch.setattr(kernel.layers, "rotary_call", counted)
     return calls
+
+
+@pytest.fixture
+def no_tf32():
+    """fp32 means fp32: cuDNN runs fp32 convolutions (the patch embedding) in TF32 by default,
+    whose 10-bit inputs turn the 1e-7 differences of two correct rotaries into 1e-5 ones."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.fixture(scope="session")

@@ -132,16 +132,6 @@ def test_compile_training_parity(parity):
     parity("qwen3_omni_moe", size="tiny", dtype=torch.float32, device="cpu", mode=mode, built="before")
 
 
-@pytest.fixture
-def no_tf32():
-    """fp32 means fp32: cuDNN runs fp32 convolutions (the patch embedding) in TF32 by default,
-    whose 10-bit inputs turn the 1e-7 differences of two correct rotaries into 1e-5 ones."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ALL_MODES, ids=["inference", "training", "training_compile"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
