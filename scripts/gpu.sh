@@ -87,9 +87,9 @@ print(n.split()[1].lower() if n.startswith('NVIDIA ') else n.replace(' ', '_').l
   echo "release of $ROPE_COMMIT on $gpu ($(python3 -m rope_bwd_triton build 2>&1 | sed -n 1p))"
   local runs=(  # name, seconds at most, bench arguments
     "bench 45 --preset suite --set suite --tasks bwd,bwd_bf16 --peers copy"
-    "realcall 55 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy,compile,liger"
+    "realcall 70 --preset realcall --seq-lens 256 4096 65536 --head-dims 72 128 --peers copy,compile,liger"
     "decoder 45 --preset decoder --seq-lens 2048 8192 --batches 1 --peers copy,compile,liger,transformers"
-    "decode 30 --preset decode"
+    "decode 50 --preset decode"
     "families 45 --preset families --peers copy,compile"
   )
   if [ -f "torch-ext/rope_bwd/configs/$table.json" ]; then  # default_config against the table, a copy beside it
