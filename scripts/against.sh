@@ -10,7 +10,8 @@
 # Its torch and triton pins, where torch is not .venv's: a venv of their own in
 # .venv/<file's name>-torch (made once, again when those pins change; .venv's site-packages
 # after its own serves the rest), and the package tests (tests/test_*.py) on it: hub CI's subset
-# on the CPU, then the interpret-marked cases in Triton's interpreter. Further arguments go to pytest.
+# on the CPU, then that subset's interpret-marked cases in Triton's interpreter. Further
+# arguments go to pytest.
 # With --prepare first, it only makes that torch venv (it needs no .venv: scripts/test.sh makes it
 # while setup.sh makes .venv, on CI's other core).
 #   bash scripts/against.sh requirements-oldest.txt
@@ -81,10 +82,11 @@ got = {name: md.version(name).split("+")[0] for name in pins}
 print(f"{sys.argv[1]}:", ", ".join(f"{n} {md.version(n)}" for n in pins), "" if got == pins else f"(wants {pins})")
 sys.exit(got != pins)
 PY
-  # hub CI's subset on the CPU (the whole package suite there takes longer than CI's budget
-  # allows), then every interpret-marked case: the kernel in this Triton's interpreter
+  # hub CI's subset on the CPU, then its interpret-marked cases in this Triton's interpreter (the
+  # ops, dtypes, special values, transforms and checks; the interpreter stage runs them all on
+  # .venv's Triton): the whole package suite twice over takes longer than CI's budget allows
   "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests/test_*.py -m kernels_ci "$@"
-  TRITON_INTERPRET=1 "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests/test_*.py "$@"
+  TRITON_INTERPRET=1 "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests/test_*.py -m kernels_ci "$@"
 }
 # The tests run offline (tests/offline.py fails a test that tried the network). transformers 5.24
 # asks the Hub for a flash-attention 4 kernel when it imports some families (falcon among them)
@@ -109,6 +111,6 @@ fi
 export PYTHONPATH=$site
 has_pins  # laid over .venv
 .venv/bin/python -m pytest -q -n 2 -p no:cacheprovider tests/test_internals.py tests/test_kernelize.py tests/toolkit/test_families.py \
-  tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py tests/toolkit/test_e2e.py \
+  tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py \
   tests/toolkit/test_decoders.py tests/test_decoder.py tests/toolkit/test_transformers_flows.py tests/toolkit/test_routes.py "$@"
 newer_torch "$@"

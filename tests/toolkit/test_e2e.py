@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from rope_bwd_triton import REPO_ROOT, e2e, publish
 
 VARIANTS = ("eager", "kernelized", "identity")
@@ -127,10 +125,11 @@ def test_rounds_interleave_and_rotate(monkeypatch):
     assert report["round_medians_ms"][7]["a"] == [1.0, 1.0, 1.0] and "profile" not in report
 
 
-@pytest.mark.parametrize("family", ["qwen3_omni_moe", "qwen2_5_vl", "glm4v"])
-def test_varres_quick(tmp_path, family):
+def test_varres_quick(tmp_path):
     """`e2e --varres --quick`: each variant in its own fresh process, two passes over images of
-    varying size, on the CPU (a code-path check), for each encoder it trains."""
+    varying size, on the CPU (a code-path check). One of the encoders it trains: the path is the
+    same for each (test_families builds each one's tiny encoder and checks its rotary)."""
+    family = "qwen2_5_vl"
     flags = ("--varres", "--varres-sides", "4", "6", "--variants", "eager,kernelized", "--family", family)
     _, out, report = _quick_e2e(tmp_path, *flags, result="e2e-varres.json")
     assert report["meta"]["family"] == family
