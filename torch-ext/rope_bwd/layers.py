@@ -23,32 +23,28 @@ def _forward(v: Variant):
     if v.form == "vision":
 
         def forward(self, q, k, cos, sin):
-            served = _SERVING.get(type(self)) or serving(self) or v
-            if served is not v:
+            if (served := _SERVING.get(type(self)) or serving(self) or v) is not v:
                 return _serve(served, self, q, k, cos, sin)
             return rotary_call(fn, q, k, cos, sin, **kw)
 
     elif v.form == "decoder":
 
         def forward(self, q, k, cos, sin, unsqueeze_dim=1):
-            served = _SERVING.get(type(self)) or serving(self) or v
-            if served is not v:
+            if (served := _SERVING.get(type(self)) or serving(self) or v) is not v:
                 return _serve(served, self, q, k, cos, sin, unsqueeze_dim)
             return rotary_call(fn, q, k, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
 
     elif v.form == "single":
 
         def forward(self, x, cos, sin, unsqueeze_dim=1):
-            served = _SERVING.get(type(self)) or serving(self) or v
-            if served is not v:
+            if (served := _SERVING.get(type(self)) or serving(self) or v) is not v:
                 return _serve(served, self, x, cos, sin, unsqueeze_dim)
             return rotary_call(fn, x, None, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
 
     else:
 
         def forward(self, q, k, cos, sin, **kwargs):
-            served = _SERVING.get(type(self)) or serving(self) or v
-            if served is not v:
+            if (served := _SERVING.get(type(self)) or serving(self) or v) is not v:
                 return _serve(served, self, q, k, cos, sin, **kwargs)
             return rotary_call(fn, q, k, cos, sin, heads_axis=-3, prefix=True, **kw)
 
