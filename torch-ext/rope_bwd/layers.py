@@ -17,7 +17,7 @@ from .ops import heads_axis, rotary_call
 from .variants import FUNCTIONS, PARAMS, VARIANTS, Variant, classify
 
 
-def _forward(v: Variant):
+def _layer(v: Variant) -> type:
     fn = FUNCTIONS[v.form]
     kw = {"pairs": v.flags, "repeated": v.pairs == "repeated", "dtypes": v.dtypes}
     if v.form == "vision":
@@ -49,12 +49,8 @@ def _forward(v: Variant):
             return rotary_call(fn, q, k, cos, sin, heads_axis=-3, prefix=True, **kw)
 
     forward.__qualname__ = f"{v.layer_name}.forward"  # found by name, as pickle looks for it
-    return forward
-
-
-def _layer(v: Variant) -> type:
-    doc = f"transformers' {FUNCTIONS[v.form]}{PARAMS[v.form]}: {v.layer_name}'s variant, {tuple(v)}."
-    attrs = {"__doc__": doc, "__module__": __name__, "forward": _forward(v), "can_torch_compile": True}
+    doc = f"transformers' {fn}{PARAMS[v.form]}: {v.layer_name}'s variant, {tuple(v)}."
+    attrs = {"__doc__": doc, "__module__": __name__, "forward": forward, "can_torch_compile": True}
     return type(v.layer_name, (nn.Module,), attrs | {"has_backward": True})
 
 
