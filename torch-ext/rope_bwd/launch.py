@@ -17,13 +17,13 @@ from . import fast_launch, tuning
 from .kernel import rotary_kernel
 from .rotary_torch import INTERLEAVED, LAST, PAIR_TABLE
 
-# Where a tile's pair axis (of size 2, after the contiguous channels) must go for Triton to keep
-# it in each thread's registers: up to 3.6 Triton keeps the last of two tied axes there, from 3.7
-# the first. Elsewhere every loaded tile is regrouped through shared memory.
+# Where a tile's pair axis (of size 2, after the contiguous channels) stays in each thread's registers
+# (kernel._load_pairs): up to Triton 3.6 the last of two tied axes, from 3.7 the first.
 REGS_FIRST = tuning.version_tuple(tuning.triton_version()) >= (3, 7)
 
 TENSORS = ("in_q", "in_k", "out_q", "out_k", "q", "k", "table", "sin", "grad_table", "grad_sin")
 _JIT = isinstance(rotary_kernel, triton.runtime.JITFunction)  # False under the interpreter
+_ROUTES = {}  # a call's signature -> its _Route
 
 
 def launch_fwd(
@@ -38,9 +38,8 @@ def launch_fwd(
     tuning.get_config's. heads_first: q, k and their outputs [B, H, S, D], read with no view made.
 
     Returns the launch's _Route (None where nothing was launched, or traced). Given back as `route`
-    with tensors of the call's dtypes and layouts, it launches reading only their addresses (so
-    views in another order serve); None, nothing launched, where an alignment differs from it.
-    """
+    with tensors of the call's dtypes and layouts (views in another order serve), it launches on their
+    addresses alone, or launches nothing and returns None where an alignment differs."""
     table = angles if angles is not None else cos
     tensors = (q, k, q_out, k_out, None, None, table, sin, None, None)
     return _launch(tensors, False, pairs, config, heads_first, route)
@@ -61,9 +60,8 @@ def launch_bwd(
 
 def _launch(tensors, adjoint, pairs, config, heads_first=False, route=None):
     x_q = tensors[0]
-    if type(x_q) is not torch.Tensor:
-        _launch_traced(tensors, adjoint, pairs, config, heads_first)
-        return None
+    if type(x_q) is not torch.Tensor:  # traced: nothing to give back
+        return _launch_traced(tensors, adjoint, pairs, config, heads_first)
     device = x_q.device
     if device.type == "cuda" and _several_gpus() and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):  # Triton launches on the current device
@@ -77,9 +75,6 @@ def _launch(tensors, adjoint, pairs, config, heads_first=False, route=None):
     if route is not None:
         route.run(tensors, ptrs)
     return route
-
-
-_ROUTES = {}  # a call's signature -> its _Route
 
 
 def _route(tensors, adjoint, pairs, config, heads_first):
@@ -117,9 +112,8 @@ def _route(tensors, adjoint, pairs, config, heads_first):
 
 def _sized(metas, adjoint, config, device):
     """(B, S, (HQ, HK, D, R), the configuration's items), None for no tokens; metas: per tensor None or
-    (shape, strides, dtype, ...), in the kernel's order. A trace's symbolic HQ, HK, D, R are specialized.
-    No config: tuning.get_config's, with B, S and q's strides read as hints (an upstream gradient whose
-    heads lie outside its tokens, sdpa's, has configurations of its own)."""
+    (shape, strides, dtype, ...), in the kernel's order. A trace's symbolic HQ, HK, D, R are specialized;
+    no config: tuning.get_config's, B, S and q's strides read as hints (sdpa's gradient has its own)."""
     (shape, strides, dtype), k, table = metas[0][:3], metas[1][0], metas[6][0]
     B, S = (shape[0], shape[1]) if len(shape) == 4 else (1, shape[0])
     if S == 0 or B == 0:
