@@ -41,6 +41,7 @@ class _Patch(NamedTuple):
 
 
 _PATCHED: dict = {}  # (family, function name) -> _Patch
+_HOLDERS = weakref.WeakSet()  # modules holding an entry make_kernelizable attached (restore takes it back)
 
 
 def find_families(name: str = None) -> tuple:
@@ -128,9 +129,6 @@ def _attach(module, function):
     for name, entry in internals.kernel_funcs(made).items():
         funcs.setdefault(name, entry)
     _HOLDERS.add(module)
-
-
-_HOLDERS = weakref.WeakSet()  # modules holding an entry make_kernelizable attached (restore takes it back)
 
 
 def _track(cls, function):
@@ -326,8 +324,7 @@ def check_rotaries(model) -> dict:
     return found
 
 
-# The name of the first release of version 1, which served the vision encoders alone.
-kernelize_vision_rotary = kernelize_rotary
+kernelize_vision_rotary = kernelize_rotary  # version 1's first name, when it served the vision encoders alone
 
 
 def kernel_config(*families, repo_id: str = REPO_ID, version: int = 1):

@@ -6,6 +6,7 @@ from torch.autograd import forward_ad
 
 MAX_HEAD_DIM = 512  # DeepSeek-V4: heads of 512 with a 64-channel rope slice
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_PASSED = set()  # _passed_key of the calls whose checks passed
 
 
 def _tensor(fn, name, t, ndim, layout):
@@ -78,9 +79,6 @@ def check_inputs(fn, heads, tables, grads=(), batched=False, pair_table=False, p
         if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _PASSED.clear()
         _PASSED.add(key)
-
-
-_PASSED = set()  # _passed_key of the calls whose checks passed
 
 
 def _passed_key(fn, named, batched):
