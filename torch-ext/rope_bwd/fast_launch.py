@@ -10,6 +10,7 @@ and launch.py then launches through `kernel[grid]`; ROPE_BWD_FAST_LAUNCH=0 does 
 import functools
 import os
 import threading
+import warnings
 
 import triton
 
@@ -96,8 +97,6 @@ def _warned():
 def warn(error):
     """Says once per process that launches go through kernel[grid] (more host time per call)."""
     if not _warned():
-        import warnings
-
         _warned().append(error)
         warnings.warn(
             f"rope_bwd: this Triton ({triton.__version__}) does not take the fast launch "

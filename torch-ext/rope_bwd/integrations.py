@@ -1,11 +1,9 @@
 """Kernelize transformers' rotary functions (the vision encoders' `apply_rotary_pos_emb_vision`,
 the decoders' `apply_rotary_pos_emb`) by kernel name: `make_kernelizable` makes each family's
-function a kernelizable layer under the layer name of its variant (`classify`), through kernels'
-`use_kernel_forward_from_hub` and `use_kernelized_func`; `kernel_mapping` maps those names, and
-transformers' own hook "rotary_pos_emb", to this repository; `kernelize_rotary` does both and
-kernelizes a model. Families are found at run time from transformers' sources; a function that is
-none of the variants is refused, nothing patched. kernels and transformers are imported inside
-the functions.
+function a kernels layer named after its variant (`classify`), `kernel_mapping` maps those names and
+transformers' own hook "rotary_pos_emb" to this repository, `kernelize_rotary` does both and
+kernelizes a model. Families are found at run time in transformers' sources. kernels and
+transformers are imported inside the functions.
 """
 
 import functools
@@ -43,6 +41,7 @@ class _Patch(NamedTuple):
 
 
 _PATCHED: dict = {}  # (family, function name) -> _Patch
+_HOLDERS = weakref.WeakSet()  # modules holding an entry make_kernelizable attached (restore takes it back)
 
 
 def find_families(name: str = None) -> tuple:
@@ -50,24 +49,22 @@ def find_families(name: str = None) -> tuple:
     function (`name`, one of NAMES, or any); candidates, classified when patched."""
     import transformers.models
 
-    paths = tuple(transformers.models.__path__)
-    if paths not in _FOUND:
-        found = {n: [] for n in NAMES}
-        for p in paths:
-            for d in sorted(Path(p).iterdir()):
-                path = d / f"modeling_{d.name}.py"
-                if path.is_file():
-                    source = path.read_bytes()
-                    for n in NAMES:
-                        if f"{n}(".encode() in source:
-                            found[n].append(d.name)
-        _FOUND[paths] = {n: tuple(families) for n, families in found.items()}
-    if name is not None:
-        return _FOUND[paths][name]
-    return tuple(sorted(set().union(*_FOUND[paths].values())))
+    found = _found(tuple(transformers.models.__path__))
+    return found[name] if name is not None else tuple(sorted(set().union(*found.values())))
 
 
-_FOUND: dict = {}  # transformers.models' path -> {function name: families}
+@functools.cache
+def _found(paths) -> dict:
+    """{function name: families} of the modeling modules under transformers.models' paths."""
+    found = {n: [] for n in NAMES}
+    for p in paths:
+        for d in sorted(Path(p).iterdir()):
+            path = d / f"modeling_{d.name}.py"
+            source = path.read_bytes() if path.is_file() else b""
+            for n in NAMES:
+                if f"{n}(".encode() in source:
+                    found[n].append(d.name)
+    return {n: tuple(families) for n, families in found.items()}
 
 
 def _modeling_module(family: str):
@@ -132,9 +129,6 @@ def _attach(module, function):
     for name, entry in internals.kernel_funcs(made).items():
         funcs.setdefault(name, entry)
     _HOLDERS.add(module)
-
-
-_HOLDERS = weakref.WeakSet()  # modules holding an entry make_kernelizable attached (restore takes it back)
 
 
 def _track(cls, function):
@@ -269,18 +263,14 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
     """The mapping for `kernels.register_kernel_mapping` / `use_kernel_mapping`: every name of
     `LAYER_NAMES`, and transformers' own "rotary_pos_emb" (Llama's variant), from `repo_id`, for
     CUDA and CPU, in every mode (the layers have a backward and compile without graph breaks).
-
-    Registered for kernels.kernelize, it reaches the functions transformers marks "rotary_pos_emb"
-    (Llama's and most decoders') and those make_kernelizable marked; it cannot know each model's
-    family: each layer finds the variant of the function it replaces at its first call and runs
-    it, or transformers' own function with a warning (GPT-OSS's carries Llama's name).
-    `check_rotaries(model)` says what will run, up front.
+    It reaches the functions transformers marks "rotary_pos_emb" and those make_kernelizable marked;
+    each layer runs the variant of the function it replaces (layers.py), or transformers' function
+    with a warning (GPT-OSS's carries Llama's name): `check_rotaries(model)` says which, up front.
 
     When LOCAL_KERNELS names `repo_id` (a checkout, hub CI's build), the layers come from there
     through kernels' LocalLayerRepository, as get_kernel's lookup does (a LayerRepository would
-    resolve `version` on the Hub first; with HF_HUB_OFFLINE=1, from kernels' cache).
-    trust_remote_code defaults to True because this code already comes from that repository;
-    pass False (or a list) to have kernels check the publisher again."""
+    resolve `version` on the Hub, or offline in kernels' cache). trust_remote_code defaults to True,
+    this code coming from that repository; pass False (or a list) to have kernels check it again."""
     from kernels import LayerRepository, LocalLayerRepository, Mode
 
     # LOCAL_KERNELS (`repo_id=path:repo_id=path`) parsed here: kernels' own parser is private and
@@ -299,15 +289,13 @@ def kernel_mapping(repo_id: str = REPO_ID, *, version: int = 1, trust_remote_cod
 
 
 def kernelize_rotary(model, *, mode, device=None, repo_id: str = REPO_ID, version: int = 1, **kernelize_kwargs):
-    """make_kernelizable for the families found in `model` (ValueError if there are none, or one
-    is none of the variants: then nothing is patched), then `kernels.kernelize` under
-    `kernel_mapping(repo_id, version=version)` (added to any mapping registered): one call swaps
-    every rotary of a Qwen3-Omni. Returns the model, as kernelize does.
-
-    A transformers model keeps the layers when transformers kernelizes it again (at each change
-    between train() and eval() of a model loaded with its kernels on): the mapping goes into its
-    `kernel_config`. Should another kernelization take them away (reset_kernels(),
-    kernels_mode=None, another kernel_config), the model's next forward says so, once."""
+    """make_kernelizable(model) (a ValueError, nothing patched, where it has no family or one that is
+    none of the variants), then `kernels.kernelize` under `kernel_mapping(repo_id, version=version)`,
+    added to any registered mapping; returns the model, as kernelize does. The mapping also goes into
+    its transformers models' `kernel_config`: they keep the layers when transformers kernelizes them
+    again (at each train()/eval() change of a model loaded with its kernels on). Should another
+    kernelization take them away (reset_kernels(), kernels_mode=None, another kernel_config), the
+    model's next forward says so, once."""
     import kernels
 
     make_kernelizable(model)
@@ -336,8 +324,7 @@ def check_rotaries(model) -> dict:
     return found
 
 
-# The name of the first release of version 1, which served the vision encoders alone.
-kernelize_vision_rotary = kernelize_rotary
+kernelize_vision_rotary = kernelize_rotary  # version 1's first name, when it served the vision encoders alone
 
 
 def kernel_config(*families, repo_id: str = REPO_ID, version: int = 1):

@@ -81,12 +81,11 @@ def __getattr__(name):
 
     class RotaryKernelConfig(KernelConfig):
         """A KernelConfig naming the package's layers, for `from_pretrained(..., kernel_config=...)`.
-        transformers checks its entries against the layer names the model registers
-        (sanitize_kernel_mapping, from store_registered_layer_names and registered_layer_names),
-        then makes a kernels mapping of them for the mode the model is loaded in, accelerators only
-        (create_compatible_mapping). Here the check keeps the entries the model registers, and the
-        mapping is the package's: every mode on CUDA and CPU (transformers' own would send
-        `rotary_pos_emb` to a kernel without a backward); `on_mapped(model)` follows it."""
+        Of transformers' steps, the check of its entries against the layer names the model registers
+        (sanitize_kernel_mapping, from store_registered_layer_names) keeps those entries, and the
+        mapping for the mode loaded in, accelerators only (create_compatible_mapping), is the
+        package's: every mode on CUDA and CPU (transformers' would send `rotary_pos_emb` to a kernel
+        without a backward), followed by `on_mapped(model)`."""
 
         def __init__(self, entries, mapping, on_mapped):
             super().__init__(kernel_mapping=entries)  # {layer name: ("repo:layer", {version, trust_remote_code})}

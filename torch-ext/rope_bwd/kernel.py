@@ -3,9 +3,7 @@
 One program owns BLOCK_S tokens of one sequence x BLOCK_D rotated pairs, for every head of q and
 k, BLOCK_R // 2 heads of each side at a time. Tensors are [B, S, H, D] (tables [B, S, R]) with a
 stride per axis; batch stride 0 for a batch of one (BATCHED off) or a table shared by the batch.
-Per pair (x1, x2) and table pairs (c1, c2), (s1, s2), as rotary_torch.py:
-    forward:  y1 = x1*c1 - x2*s1      y2 = x2*c2 + x1*s2
-    adjoint:  y1 = x1*c1 + x2*s2      y2 = x2*c2 - x1*s1
+Per pair (x1, x2) and table pairs (c1, c2), (s1, s2): rotary_torch.py's forward and adjoint, and
     grad_cos = sum_h (g * x)          grad_sin = sum_h (g * (-x2, x1))
     grad_angles = cos * grad_sin - sin * grad_cos
 A pair is (j, j + HALF) or (2j, 2j + 1) (INTERLEAVED) of the first 2*HALF channels, or the last

@@ -17,13 +17,13 @@ from . import fast_launch, tuning
 from .kernel import rotary_kernel
 from .rotary_torch import INTERLEAVED, LAST, PAIR_TABLE
 
-# Where a tile's pair axis (of size 2, after the contiguous channels) must go for Triton to keep
-# it in each thread's registers: up to 3.6 Triton keeps the last of two tied axes there, from 3.7
-# the first. Elsewhere every loaded tile is regrouped through shared memory.
+# Where a tile's pair axis (of size 2, after the contiguous channels) stays in each thread's registers
+# (kernel._load_pairs): up to Triton 3.6 the last of two tied axes, from 3.7 the first.
 REGS_FIRST = tuning.version_tuple(tuning.triton_version()) >= (3, 7)
 
 TENSORS = ("in_q", "in_k", "out_q", "out_k", "q", "k", "table", "sin", "grad_table", "grad_sin")
 _JIT = isinstance(rotary_kernel, triton.runtime.JITFunction)  # False under the interpreter
+_ROUTES = {}  # a call's signature -> its _Route
 
 
 def launch_fwd(
@@ -38,9 +38,8 @@ def launch_fwd(
     tuning.get_config's. heads_first: q, k and their outputs [B, H, S, D], read with no view made.
 
     Returns the launch's _Route (None where nothing was launched, or traced). Given back as `route`
-    with tensors of the call's dtypes and layouts, it launches reading only their addresses (so
-    views in another order serve); None, nothing launched, where an alignment differs from it.
-    """
+    with tensors of the call's dtypes and layouts (views in another order serve), it launches on their
+    addresses alone, or launches nothing and returns None where an alignment differs."""
     table = angles if angles is not None else cos
     tensors = (q, k, q_out, k_out, None, None, table, sin, None, None)
     return _launch(tensors, False, pairs, config, heads_first, route)
@@ -61,9 +60,8 @@ def launch_bwd(
 
 def _launch(tensors, adjoint, pairs, config, heads_first=False, route=None):
     x_q = tensors[0]
-    if type(x_q) is not torch.Tensor:
-        _launch_traced(tensors, adjoint, pairs, config, heads_first)
-        return None
+    if type(x_q) is not torch.Tensor:  # traced: nothing to give back
+        return _launch_traced(tensors, adjoint, pairs, config, heads_first)
     device = x_q.device
     if device.type == "cuda" and _several_gpus() and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):  # Triton launches on the current device
@@ -77,9 +75,6 @@ def _launch(tensors, adjoint, pairs, config, heads_first=False, route=None):
     if route is not None:
         route.run(tensors, ptrs)
     return route
-
-
-_ROUTES = {}  # a call's signature -> its _Route
 
 
 def _route(tensors, adjoint, pairs, config, heads_first):
@@ -102,14 +97,12 @@ def _route(tensors, adjoint, pairs, config, heads_first):
     if heads_first:  # [B, H, S, D] read as the kernel's [B, S, H, D]
         metas = [m if m is None or i >= 6 else (*((x[0], x[2], x[1], x[3]) for x in m[:2]), *m[2:])
                  for i, m in enumerate(metas)]  # fmt: skip
-    shape_q, strides_q, dtype_q, _ = metas[0]
-    B, S, sizes = _sizes(shape_q, metas[1][0], metas[6][0])
-    if S == 0 or B == 0:
+    sized = _sized(metas, adjoint, config, tensors[0].device)
+    if sized is None:
         return None, ptrs
-    chosen = config or _config(adjoint, metas[8] is not None, sizes, B, S, strides_q, dtype_q, tensors[0].device)
-    plan = _plan(*sizes, adjoint, pairs, _layout(metas, S), tuple(chosen.items()), tensors[0].device.index)
-    grid = (B * -(-S // plan.block_s), plan.n_blocks)  # triton.cdiv is a JIT function: slower on the host
-    route = _Route(plan, grid, S, tuple([p % 16 == 0 for p in ptrs]))
+    B, S, sizes, chosen = sized
+    plan = _plan(*sizes, adjoint, pairs, _layout(metas, S), chosen, tensors[0].device.index)
+    route = _Route(plan, plan.grid(B, S), S, tuple([p % 16 == 0 for p in ptrs]))
     if config is None:
         if len(_ROUTES) >= 1024:  # bounded: a new size costs one full lookup, not memory
             _ROUTES.clear()
@@ -117,21 +110,21 @@ def _route(tensors, adjoint, pairs, config, heads_first):
     return route, ptrs
 
 
-def _sizes(q, k, table):
-    """B, S and the constexpr sizes (HQ, HK, D, R), specialized where a trace has them symbolic."""
-    B, S = (q[0], q[1]) if len(q) == 4 else (1, q[0])
-    return B, S, (int(q[-2]), int(k[-2]), int(q[-1]), int(table[-1]))
-
-
-def _config(adjoint, grad_table, sizes, B, S, strides_q, dtype, device):
-    """tuning.get_config's configuration; sizes: (HQ, HK, D, R); B, S and q's strides [..., S, H, D]
-    read as hints where symbolic. An upstream gradient whose heads lie outside its tokens (sdpa's)
-    has configurations of its own."""
-    HQ, HK, _, R = sizes
-    mode = "fwd" if not adjoint else ("bwd" if grad_table else "bwd_qk")
-    S, st_s, st_h = (_size_hint(n) for n in (S, strides_q[-3], strides_q[-2]))
-    layout = "sdpa" if adjoint and _outside(S, HQ, st_s, st_h) else ""
-    return tuning.get_config(mode, _size_hint(B) * S, HQ, HK, R, dtype.itemsize, device, layout)
+def _sized(metas, adjoint, config, device):
+    """(B, S, (HQ, HK, D, R), the configuration's items), None for no tokens; metas: per tensor None or
+    (shape, strides, dtype, ...), in the kernel's order. A trace's symbolic HQ, HK, D, R are specialized;
+    no config: tuning.get_config's, B, S and q's strides read as hints (sdpa's gradient has its own)."""
+    (shape, strides, dtype), k, table = metas[0][:3], metas[1][0], metas[6][0]
+    B, S = (shape[0], shape[1]) if len(shape) == 4 else (1, shape[0])
+    if S == 0 or B == 0:
+        return None
+    HQ, HK, D, R = sizes = (int(shape[-2]), int(k[-2]), int(shape[-1]), int(table[-1]))
+    if not config:
+        mode = "fwd" if not adjoint else ("bwd" if metas[8] is not None else "bwd_qk")
+        hint, st_s, st_h = (_size_hint(n) for n in (S, strides[-3], strides[-2]))
+        layout = "sdpa" if adjoint and _outside(hint, HQ, st_s, st_h) else ""
+        config = tuning.get_config(mode, _size_hint(B) * hint, HQ, HK, R, dtype.itemsize, device, layout)
+    return B, S, sizes, tuple(config.items())
 
 
 class _Route:
@@ -222,11 +215,9 @@ def _encode_traced(strides, S):
     return tuple(out)
 
 
-def _layout(metas, S):
-    """Per tensor None or (encoded strides by role, dtype, 16-byte alignment), of its metas."""
-    return tuple(
-        m if m is None else (encode_strides(_roles(m[0], m[1], i < 6), S), *m[2:]) for i, m in enumerate(metas)
-    )
+def _layout(metas, S, encode=encode_strides):
+    """Per tensor None or (encoded strides by role, dtype, 16-byte alignment where known), of its metas."""
+    return tuple(m if m is None else (encode(_roles(m[0], m[1], i < 6), S), *m[2:]) for i, m in enumerate(metas))
 
 
 def _pointer_args(tensors):
@@ -275,6 +266,9 @@ class _Plan:
         self.fast = None
         self.proven = False  # launched once: until then a failing fast launch falls back
 
+    def grid(self, B, S):
+        return (B * ((S + self.block_s - 1) // self.block_s), self.n_blocks)  # triton.cdiv: slower on the host
+
 
 @functools.lru_cache(maxsize=1024)
 def _plan(HQ, HK, D, R, adjoint, pairs, layout, config, device):
@@ -290,20 +284,15 @@ def _launch_traced(tensors, adjoint, pairs, config, heads_first):
 
     if heads_first:  # q-like tensors [B, H, S, D] seen as the kernel's [B, S, H, D]
         tensors = tuple(t if t is None or i >= 6 else t.transpose(-3, -2) for i, t in enumerate(tensors))
-    B, S, sizes = _sizes(tensors[0].shape, tensors[1].shape, tensors[6].shape)
-    if S == 0 or B == 0:
+
+    def metas():  # of the tensors as they are when called
+        return [t if t is None else (t.shape, tuple(t.stride()), t.dtype) for t in tensors]
+
+    sized = _sized(metas(), adjoint, config, tensors[0].device)
+    if sized is None:
         return
-    x_q = tensors[0]
-    config = config or _config(adjoint, tensors[8] is not None, sizes, B, S, x_q.stride(), x_q.dtype, x_q.device)
-
-    def encoded(i, t):
-        return _encode_traced(_roles(t.shape, tuple(t.stride()), i < 6), S)
-
-    tensors = tuple(
-        t if t is None or i in (2, 3, 8, 9) or encoded(i, t) is not None else t.contiguous()
-        for i, t in enumerate(tensors)
-    )
-    layout = tuple(None if t is None else (encoded(i, t), t.dtype) for i, t in enumerate(tensors))
-    consts = _constexprs(*sizes, adjoint, pairs, layout, tuple(config.items()))
-    grid = (B * triton.cdiv(S, consts["BLOCK_S"]), triton.cdiv(consts["HALF"], consts["BLOCK_D"]))
-    wrap_triton(rotary_kernel)[grid](*_pointer_args(tensors), S, **consts)
+    B, S, sizes, config = sized
+    kept = lambda i, t: t is None or i in (2, 3, 8, 9) or _encode_traced(_roles(t.shape, t.stride(), i < 6), S)
+    tensors = [t if kept(i, t) else t.contiguous() for i, t in enumerate(tensors)]
+    plan = _plan(*sizes, adjoint, pairs, _layout(metas(), S, _encode_traced), config, tensors[0].device.index)
+    wrap_triton(rotary_kernel)[plan.grid(B, S)](*_pointer_args(tensors), S, **plan.consts)

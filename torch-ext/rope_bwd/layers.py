@@ -17,48 +17,40 @@ from .ops import heads_axis, rotary_call
 from .variants import FUNCTIONS, PARAMS, VARIANTS, Variant, classify
 
 
-def _forward(v: Variant):
+def _layer(v: Variant) -> type:
     fn = FUNCTIONS[v.form]
     kw = {"pairs": v.flags, "repeated": v.pairs == "repeated", "dtypes": v.dtypes}
     if v.form == "vision":
 
         def forward(self, q, k, cos, sin):
-            served = _SERVING.get(type(self)) or serving(self) or v
-            if served is not v:
+            if (served := _SERVING.get(type(self)) or serving(self) or v) is not v:
                 return _serve(served, self, q, k, cos, sin)
             return rotary_call(fn, q, k, cos, sin, **kw)
 
     elif v.form == "decoder":
 
         def forward(self, q, k, cos, sin, unsqueeze_dim=1):
-            served = _SERVING.get(type(self)) or serving(self) or v
-            if served is not v:
+            if (served := _SERVING.get(type(self)) or serving(self) or v) is not v:
                 return _serve(served, self, q, k, cos, sin, unsqueeze_dim)
             return rotary_call(fn, q, k, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
 
     elif v.form == "single":
 
         def forward(self, x, cos, sin, unsqueeze_dim=1):
-            served = _SERVING.get(type(self)) or serving(self) or v
-            if served is not v:
+            if (served := _SERVING.get(type(self)) or serving(self) or v) is not v:
                 return _serve(served, self, x, cos, sin, unsqueeze_dim)
             return rotary_call(fn, x, None, cos, sin, heads_axis=heads_axis(fn, unsqueeze_dim), **kw)
 
     else:
 
         def forward(self, q, k, cos, sin, **kwargs):
-            served = _SERVING.get(type(self)) or serving(self) or v
-            if served is not v:
+            if (served := _SERVING.get(type(self)) or serving(self) or v) is not v:
                 return _serve(served, self, q, k, cos, sin, **kwargs)
             return rotary_call(fn, q, k, cos, sin, heads_axis=-3, prefix=True, **kw)
 
     forward.__qualname__ = f"{v.layer_name}.forward"  # found by name, as pickle looks for it
-    return forward
-
-
-def _layer(v: Variant) -> type:
-    doc = f"transformers' {FUNCTIONS[v.form]}{PARAMS[v.form]}: {v.layer_name}'s variant, {tuple(v)}."
-    attrs = {"__doc__": doc, "__module__": __name__, "forward": _forward(v), "can_torch_compile": True}
+    doc = f"transformers' {fn}{PARAMS[v.form]}: {v.layer_name}'s variant, {tuple(v)}."
+    attrs = {"__doc__": doc, "__module__": __name__, "forward": forward, "can_torch_compile": True}
     return type(v.layer_name, (nn.Module,), attrs | {"has_backward": True})
 
 

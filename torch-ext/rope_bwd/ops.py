@@ -23,6 +23,8 @@ from ._ops import add_op_namespace_prefix
 from .validation import check_inputs, check_out, check_out_autograd, check_out_memory
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_OUT_AND_INPUTS = ("grad_q", "grad_k", "grad_embeddings", "grad_q_embed", "grad_k_embed", "q", "k", "embeddings")
+_SEEN = {}  # _signature of the rotary_calls that passed the checks -> their _Relaunch
 
 
 def _use_triton(q: Tensor, k: Tensor, table: Tensor) -> bool:
@@ -67,8 +69,8 @@ def _empty_like(t: Tensor, heads_first=False) -> Tensor:
 
 
 def _swap_heads(*tensors):
-    """[B, H, S, D] tensors as [B, S, H, D] and back (None stays None)."""
-    return [t if t is None else t.transpose(-3, -2) for t in tensors]
+    """[B, H, S, D] tensors as [B, S, H, D] and back; anything else (None, an op's empty output) stays."""
+    return [t.transpose(-3, -2) if isinstance(t, Tensor) and t.dim() == 4 else t for t in tensors]
 
 
 def forward_impl(q, k, table, sin, pairs, heads_first=False):
@@ -154,9 +156,6 @@ def rotary_fwd(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], pairs
     return forward_impl(q, k, table, sin, pairs)
 
 
-_OUT_AND_INPUTS = ("grad_q", "grad_k", "grad_embeddings", "grad_q_embed", "grad_k_embed", "q", "k", "embeddings")
-
-
 # torch.library reads the op's schema from the full signature.
 @_triton_op("rotary_bwd")
 def rotary_bwd(
@@ -189,8 +188,7 @@ def setup_context(ctx, inputs, output, bwd=rotary_bwd, heads_first=False):
     """The context of rotary_fwd's autograd; bwd: the backward to run where no graph is recorded."""
     q, k, table, sin, ctx.pairs = inputs
     table_grad = ctx.needs_input_grad[2] or (sin is not None and ctx.needs_input_grad[3])
-    # q and k are kept only when the table needs a gradient (the real models' cos/sin come
-    # from buffers): that backward never reads them.
+    # q and k are saved only for the table's gradient (the real models' cos/sin, buffers, need none)
     ctx.save_for_backward(q if table_grad else None, k if table_grad else None, table, sin)
     ctx.bwd, ctx.heads_first = bwd, heads_first
 
@@ -317,9 +315,8 @@ def rotary(q, k, table, sin, pairs, heads_first=False):
 def _untracked(*tensors) -> bool:
     """Whether autograd records nothing of a call on these tensors (None where absent) and no
     torch.func transform or forward-mode AD level is live: the forward alone serves."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return False
-    return not transforms_active()
+    recorded = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return not recorded and not transforms_active()
 
 
 def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, pairs, heads_first=False):
@@ -327,7 +324,7 @@ def rotary_grad(gq, gk, q, k, table, sin, need_q, need_k, pairs, heads_first=Fal
     heads_first as for rotary (the graph records the views)."""
     if heads_first:
         dq, dk, dt, ds = rotary_grad(*_swap_heads(gq, gk, q, k), table, sin, need_q, need_k, pairs)
-        return (dq.transpose(-3, -2) if need_q else dq, dk.transpose(-3, -2) if need_k else dk, dt, ds)
+        return (*_swap_heads(dq, dk), dt, ds)
     if type(gq) is Tensor and not torch.compiler.is_compiling():
         return RotaryGrad.apply(gq, gk, q, k, table, sin, need_q, need_k, pairs)
     return rotary_bwd(gq, gk, q, k, table, sin, need_q, need_k, pairs)
@@ -400,13 +397,11 @@ def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", h
         out = seen(q, k, cos, sin)
         if out is not None:
             return out
-    args = q, k, cos, sin
-    single = k is None
-    # q and k [B, H, S, D] are read as they are (the kernel sees them as [B, S, H, D])
-    heads_first = heads_axis == -3 and isinstance(q, Tensor) and q.dim() == 4
+    args, single = (q, k, cos, sin), k is None
+    batched = isinstance(q, Tensor) and q.dim() == 4
+    heads_first = heads_axis == -3 and batched  # q and k [B, H, S, D], read in place as [B, S, H, D]
     if single and isinstance(q, Tensor) and q.dim() >= 3:
         k = q[:, :0] if heads_first else q[..., :0, :]  # no heads: the kernel writes q's alone
-    batched = isinstance(q, Tensor) and q.dim() == 4
     tables = isinstance(cos, Tensor) and isinstance(sin, Tensor)
     if (heads_axis is None or prefix) and batched and tables and cos.dim() == sin.dim() == 2:  # one for the batch
         cos, sin = cos[None], sin[None]
@@ -414,8 +409,7 @@ def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", h
         table = torch.promote_types(cos.dtype, sin.dtype)
         cos, sin = cos.to(table), sin.to(table)
     if seen is None:  # on [B, S, H, D] views, as the messages name the sizes
-        qc, kc = (x.transpose(-3, -2) if heads_axis == -3 and isinstance(x, Tensor) and x.dim() == 4 else x
-                  for x in (q, k))  # fmt: skip
+        qc, kc = _swap_heads(q, k) if heads_axis == -3 else (q, k)
         names = [("x", qc), ("x", kc)] if single else [("q", qc), ("k", kc)]
         check_inputs(fn, names, [("cos", cos), ("sin", sin)], batched=batched,
                      pair_table=bool(pairs & rotary_torch.PAIR_TABLE) and not repeated, prefix=prefix)  # fmt: skip
@@ -445,9 +439,6 @@ def rotary_call(fn, q, k, cos, sin, *, pairs=0, repeated=False, dtypes="kept", h
 def _to(x: Tensor, dtype) -> Tensor:
     """x in dtype; x itself, without a call into torch, where it has it."""
     return x if x.dtype == dtype else x.to(dtype)
-
-
-_SEEN = {}  # _signature of the rotary_calls that passed the checks -> their _Relaunch
 
 
 def _signature(fn, pairs, dtypes, heads_axis, *tensors):

@@ -126,10 +126,7 @@ def forward(q, k, table, sin=None, pairs=0, heads=-2):
         y = forward(q1, k1, table, sin, pairs, heads)
         return tuple(torch.cat((x0, y1), dim=token_axis(heads)) for x0, y1 in zip((q0, k0), y))
     cos, sn = cos_sin(table, sin, math_dtype(q, k))
-    return (
-        rotate(q, cos, sn, adjoint=False, pairs=pairs, heads=heads).to(q.dtype),
-        rotate(k, cos, sn, adjoint=False, pairs=pairs, heads=heads).to(k.dtype),
-    )
+    return tuple(rotate(x, cos, sn, adjoint=False, pairs=pairs, heads=heads).to(x.dtype) for x in (q, k))
 
 
 def backward(gq, gk, q, k, table, sin=None, need_q=True, need_k=True, pairs=0, heads=-2):

@@ -19,7 +19,6 @@ import torch
 CONFIG_DIR = importlib.resources.files(__package__) / "configs"
 MODES = ("fwd", "bwd", "bwd_qk")  # forward; backward with the table gradient; backward of q/k only
 BUCKET_TOPS = (256, 1024, 4096, 16384)  # S buckets: S <= each top, then "Sbig"
-BIG = 65536  # the S that stands for "Sbig"
 TUNED = os.environ.get("ROPE_BWD_TUNED", "1") != "0"
 
 
@@ -30,7 +29,7 @@ def s_bucket(S: int) -> str:
 def bucket_size(bucket: str) -> int:
     """The S a bucket's configuration is chosen for, its largest: every S of a bucket gets the
     same configuration, so a new S compiles no new kernel."""
-    return BIG if bucket == "Sbig" else int(bucket[1:])
+    return 65536 if bucket == "Sbig" else int(bucket[1:])  # "Sbig" stands for S = 65536
 
 
 def bucket(mode: str, S: int, R: int, D: int, elem_size: int, layout: str = "") -> str:

@@ -6,6 +6,7 @@ from torch.autograd import forward_ad
 
 MAX_HEAD_DIM = 512  # DeepSeek-V4: heads of 512 with a 64-channel rope slice
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_PASSED = set()  # _passed_key of the calls whose checks passed
 
 
 def _tensor(fn, name, t, ndim, layout):
@@ -78,9 +79,6 @@ def check_inputs(fn, heads, tables, grads=(), batched=False, pair_table=False, p
         if len(_PASSED) >= 1024:  # bounded, as a cache; in practice a few layouts per model
             _PASSED.clear()
         _PASSED.add(key)
-
-
-_PASSED = set()  # _passed_key of the calls whose checks passed
 
 
 def _passed_key(fn, named, batched):
@@ -161,14 +159,12 @@ def check_out(fn, out, likes):
 def check_out_autograd(fn, named):
     """Refuses out= buffers or inputs ([(name, tensor)]) that require grad under grad mode or carry
     a forward-mode tangent: what out= receives is not differentiable, a gradient not lost silently."""
-    if torch.is_grad_enabled() and any(t.requires_grad for _, t in named):
-        name, what = next(n for n, t in named if t.requires_grad), "requires grad"
-    elif not torch.compiler.is_compiling() and forward_ad._current_level >= 0:
+    name = next((n for n, t in named if t.requires_grad), None) if torch.is_grad_enabled() else None
+    what = "requires grad"
+    if name is None and not torch.compiler.is_compiling() and forward_ad._current_level >= 0:
         name = next((n for n, t in named if forward_ad.unpack_dual(t).tangent is not None), None)
-        if name is None:
-            return
         what = "carries a forward-mode tangent"
-    else:
+    if name is None:
         return
     raise ValueError(
         f"{fn}: {name} {what}, but results written into out= are not differentiable; call {fn} "

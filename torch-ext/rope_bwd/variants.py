@@ -108,6 +108,7 @@ _PROBES = {  # form -> (leading dims of q and k as [..., S, H, D], of the tables
 }
 _TOL_FLOAT64 = 1e-4  # most families compute in float32 even on float64 inputs
 _TOL_BF16 = 3e-2  # a few bf16 roundings (2^-9 each) of the largest value
+_CLASSIFIED: dict = {}  # function -> Variant
 
 
 def _probe_inputs(gen, lead, table_lead, rot, dtypes, table_tokens=_S):
@@ -178,14 +179,6 @@ def _mismatch(variant, args, outs, cot, grads) -> str:
     return "" if err <= (_TOL_FLOAT64 if exact else _TOL_BF16) else f"relative error {err:.2g} in values or gradients"
 
 
-def _params(function):
-    """The parameter names of a function, or of a kernels layer's forward; None if unknown."""
-    try:
-        return tuple(inspect.signature(function.forward if isinstance(function, nn.Module) else function).parameters)
-    except (TypeError, ValueError):
-        return None
-
-
 def classify(function, name: str = None) -> Variant:
     """The variant (VARIANTS) that `function`, a transformers rotary function of one of the forms,
     computes: every probe it does not raise on must match the variant's values, gradients (float64)
@@ -196,7 +189,10 @@ def classify(function, name: str = None) -> Variant:
         return _CLASSIFIED[function]
     name = name or getattr(function, "__qualname__", repr(function))
     prefix = f"{name} matches none of the supported rotary variants ({VARIANTS_TEXT})"
-    params = _params(function)
+    try:  # the parameter names of the function, or of a kernels layer's forward
+        params = tuple(inspect.signature(function.forward if isinstance(function, nn.Module) else function).parameters)
+    except (TypeError, ValueError):
+        params = None
     form = next((f for f, p in PARAMS.items() if p == params), None)
     if form is None:
         raise ValueError(f"{prefix}: it takes {params}, not {' or '.join(map(str, dict.fromkeys(PARAMS.values())))}")
@@ -235,6 +231,3 @@ def classify(function, name: str = None) -> Variant:
         raise ValueError(f"{prefix}: {text}")
     _CLASSIFIED[function] = variant
     return variant
-
-
-_CLASSIFIED: dict = {}  # function -> Variant
