@@ -435,10 +435,10 @@ def test_quick_decoder_liger_in_the_interpreter(tmp_path):
     argv = ["--preset", "decoder", "--quick", "--models", "qwen3-omni-thinker", "--seq-lens", "8", "--batches", "2"]
     argv += ONE_ROUND  # each call of the thinker's heads takes seconds in the interpreter
     env = dict(os.environ, TRITON_INTERPRET="1")
-    _bench(*argv, "--dtypes", "float16", "--layouts", "sdpa", "flash", "--peers", "liger,transformers", *_flags(files),
-           env=env)  # fmt: skip
+    # one gradient layout: the in-place rotation on copies, checked here, is the same for both
+    _bench(*argv, "--dtypes", "float16", "--layouts", "sdpa", "--peers", "liger,transformers", *_flags(files), env=env)
     run = json.loads(files["json"].read_text())
-    assert len(run["workloads"]) == 2
+    assert len(run["workloads"]) == 1
     for w in run["workloads"]:
         assert list(w["results"]) == ["ours", "liger", "transformers"]  # the order of the verification
         assert all(r["verify"]["ok"] for r in w["results"].values()), w["results"]
