@@ -28,7 +28,7 @@ from rope_bwd_triton.build import repo_id
 
 from ..helpers import DEVICES, INTERPRET
 from ..reference import rel_err
-from .test_kernelize_transformers import assert_kernelized, no_tf32, run  # noqa: F401 (no_tf32: a fixture; fp32 is fp32 on CUDA too)
+from .test_kernelize_transformers import assert_kernelized, run
 
 
 def defining_families(name: str) -> list:
