@@ -48,7 +48,7 @@ torch_venv() {  # make $venv with the file's torch and triton (once, again when 
   "$py" -m venv "$venv"
   # with their dependencies: the torch wheel of this index is a CUDA build, which loads CUDA's
   # libraries even on a machine without a GPU
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile "${torch_pins[@]}"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${torch_pins[@]}"
   echo "$want" > "$venv/.requirements.sha"
 }
 if [ -n "$prepare" ]; then
@@ -104,7 +104,7 @@ want=$(sha256sum "$env_file" | cut -d' ' -f1)
 if [ "$(cat "$site/.requirements.sha" 2>/dev/null)" != "$want" ]; then
   rm -rf "$site"
   grep -vE '^(torch|triton)==' "$env_file" > "$site.txt.tmp"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile --no-deps --target "$site" -r "$site.txt.tmp"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --target "$site" -r "$site.txt.tmp"
   rm -f "$site.txt.tmp"
   echo "$want" > "$site/.requirements.sha"
 fi

@@ -29,7 +29,7 @@ want=$(sha256sum "$work/requirements.txt" | cut -d' ' -f1)
 if [ "$(cat "$venv/.requirements.sha" 2>/dev/null)" != "$want" ]; then
   rm -rf "$venv"
   "$PY" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile -r "$work/requirements.txt"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$work/requirements.txt"
   echo "$want" > "$venv/.requirements.sha"
 fi
 venv=$(cd "$venv" && pwd)  # the runs start in $work
@@ -39,7 +39,7 @@ kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of it
   kernels_pin=$(grep -E '^kernels==' "$1")
   if [ "$(cat "$site/.pin" 2>/dev/null)" != "$kernels_pin" ]; then
     rm -rf "$site"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile --target "$site" "$kernels_pin"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$site" "$kernels_pin"
     echo "$kernels_pin" > "$site/.pin"
   fi
 }

@@ -8,8 +8,6 @@ command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 want=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
 if [ "$(cat .venv/.requirements.sha 2>/dev/null)" != "$want" ]; then
-  # --no-compile (as in every script's install): Python byte-compiles the modules it imports when
-  # first imported; compiling every file of torch and transformers at install doubles pip's CPU time
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -r requirements-dev.txt
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
   echo "$want" > .venv/.requirements.sha
 fi
