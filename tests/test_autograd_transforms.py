@@ -68,6 +68,8 @@ def assert_close(got, ref, what):
 # ------------------------------------------------------------ float64 vs finite differences
 
 GRAD_SETS = {"all": None, "heads": (True, True, False, False), "tables": (False, False, True, True)}
+# Finite differences perturb each input element twice per output: fewer tokens and heads (GQA kept)
+SMALL = dict(s=3, hq=2, hk=1)
 
 
 @pytest.mark.parametrize("which", GRAD_SETS)
@@ -75,7 +77,7 @@ GRAD_SETS = {"all": None, "heads": (True, True, False, False), "tables": (False,
 def test_gradcheck_gradgradcheck_float64(kernel, form, which, gen):
     """First and second derivatives of the rotation, reverse and forward mode, batched (vmap),
     for every subset of inputs that needs a gradient: the real models' (heads only) included."""
-    args = make_inputs(form, gen, dtype=torch.float64)
+    args = make_inputs(form, gen, dtype=torch.float64, **SMALL)
     mask = GRAD_SETS[which] or (True,) * len(args)
     args = [t.requires_grad_(m) for t, m in zip(args, mask)]
     fn = public(kernel, form)
@@ -87,7 +89,8 @@ def test_gradcheck_gradgradcheck_float64(kernel, form, which, gen):
 def test_rope_bwd_is_differentiable_float64(kernel, gen):
     """rope_bwd (no out=) is the rotation's backward as a function: linear in the upstream
     gradients, bilinear in them and (q, k) or the table; its derivatives, both orders and modes."""
-    args = [rnd(gen, S, HQ, D), rnd(gen, S, HK, D), rnd(gen, S, HQ, D), rnd(gen, S, HK, D), rnd(gen, S, D)]
+    s, hq, hk = SMALL.values()
+    args = [rnd(gen, s, hq, D), rnd(gen, s, hk, D), rnd(gen, s, hq, D), rnd(gen, s, hk, D), rnd(gen, s, D)]
     args = [t.double().requires_grad_() for t in args]
     assert gradcheck(
         kernel.rope_bwd, args, check_forward_ad=True, check_batched_grad=True, check_batched_forward_grad=True
@@ -98,8 +101,8 @@ def test_rope_bwd_is_differentiable_float64(kernel, gen):
 @pytest.mark.kernels_ci
 def test_third_order_float64(kernel, gen):
     """The double backward is differentiable in turn (its rules call the same functions)."""
-    args = [t.double().requires_grad_() for t in make_inputs("angles", gen)]
-    weights = [rnd(gen, S, HQ, D, dtype=torch.float64), rnd(gen, S, HK, D, dtype=torch.float64)]
+    args = [t.double().requires_grad_() for t in make_inputs("angles", gen, **SMALL)]
+    weights = [rnd(gen, *t.shape, dtype=torch.float64) for t in args[:2]]
 
     def grads(*leaves):
         return torch.autograd.grad(kernel.rope_fwd(*leaves), leaves, weights, create_graph=True)

@@ -43,8 +43,8 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bf16: a few roundings of 2^
 ALL_MODES = [Mode.INFERENCE, Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE]
 
 
-def build(family, size, dtype, device):
-    config = TINY | TINY_EXTRA[family] if size == "tiny" else REAL[family]
+def build(family, size, dtype, device, **config):
+    config = (TINY | TINY_EXTRA[family] if size == "tiny" else REAL[family]) | config
     model = models.make_vision_model(family, dtype=dtype, device=device, **config)
     return model, models.make_images(model, TINY_GRIDS if size == "tiny" else REAL_GRIDS)
 
@@ -92,8 +92,8 @@ def parity(kernel, integrations, rotary_calls):
     return functools.partial(check_parity, kernel, integrations, rotary_calls)
 
 
-def check_parity(kernel, integrations, rotary_calls, family, *, size, dtype, device, mode, built):
-    eager, inputs = build(family, size, dtype, device)
+def check_parity(kernel, integrations, rotary_calls, family, *, size, dtype, device, mode, built, **config):
+    eager, inputs = build(family, size, dtype, device, **config)
     model = copy.deepcopy(eager)
     ref = run(eager, inputs, mode)
     if built == "before":
@@ -129,7 +129,8 @@ def test_inference_parity(parity, family):
 
 def test_compile_training_parity(parity):
     mode = Mode.TRAINING | Mode.TORCH_COMPILE
-    parity("qwen3_omni_moe", size="tiny", dtype=torch.float32, device="cpu", mode=mode, built="before")
+    # one block: inductor's time on the CPU grows with the blocks it traces, each the same
+    parity("qwen3_omni_moe", size="tiny", dtype=torch.float32, device="cpu", mode=mode, built="before", depth=1)
 
 
 @pytest.mark.gpu

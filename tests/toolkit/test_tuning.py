@@ -81,6 +81,7 @@ def test_tune_candidates_and_merge(tmp_path):
     assert tune.block_r_values(32) == [2, 4, 8, 16, 32]
     assert tune.block_r_values(2) == [2]
     assert tune.block_r_values(5) == [2, 4, 8]
+    assert {tuple(c[k] for k in SEARCHED) for c in tune.grid(16, 4)} == GRID_16
     c = dict(BLOCK_S=4, BLOCK_D=64, BLOCK_R=16, num_warps=1)
     assert not tune.candidate_ok(c)  # 64 channels per thread
     assert tune.candidate_ok({**c, "num_warps": 2}) and tune.candidate_ok({**c, "BLOCK_S": 2})
@@ -152,35 +153,27 @@ GRID_16 = {(bs, 8, br, w) for bs in tune.BLOCK_S for br in (2, 4) for w in tune.
 
 
 @tunes_here
-@pytest.mark.parametrize(
-    "options,layout",
-    [(["--shared", "--timer", "span"], ""), (["--grid", "--layout", "sdpa"], "sdpa")],
-    ids=["coordinate-shared-span", "grid-sdpa"],
-)
-def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path, options, layout):
+def test_tune_command_writes_a_table_the_package_reads(kernel, monkeypatch, tmp_path):
     """The whole tune path (on the CPU in Triton's interpreter, timings meaningless, or on the GPU:
-    TUNE_DEVICE); the package then finds the written bucket. Two commands cover the options, each a
-    search of its own (an interpreted command takes tens of seconds): the coordinate search with --shared and the span
-    timer's code path (its log names the keys written), and the grid search with --layout sdpa,
-    which times the backward on upstream gradients laid out as sdpa returns them and writes the
-    bucket's entry for that layout (test_layout_entries_take_precedence_and_fall_back: how the
-    package reads it)."""
-    table, log = _tune(tmp_path, *options)
+    TUNE_DEVICE); the package then finds the written bucket. One command (an interpreted one takes
+    tens of seconds) covers the options: the coordinate search with --shared, the span timer's
+    code path (its log names the keys written) and --layout sdpa, which times the backward on
+    upstream gradients laid out as sdpa returns them and writes the bucket's entry for that layout
+    (test_layout_entries_take_precedence_and_fall_back: how the package reads it). The grid
+    search: test_tune_on_a_gpu_compiles_the_grid_in_worker_processes_first."""
+    table, log = _tune(tmp_path, "--shared", "--timer", "span", "--layout", "sdpa")
     t = submodule(kernel, "tuning")
-    key = t.bucket(*BUCKET, layout)
-    assert list(table) == [key] and set(table[key]) == set(SEARCHED)
-    assert key.endswith("-sdpa") == (layout == "sdpa")
+    key = t.bucket(*BUCKET, "sdpa")
+    assert list(table) == [key] and set(table[key]) == set(SEARCHED) and key.endswith("-sdpa")
     assert log["buckets"][key]["tried"] and not log["not_tuned"] and "precompile" not in log
     assert log["buckets"][key]["written_to"] == [key]
     assert log["meta"]["command"].startswith("python -m rope_bwd_triton tune ")
     assert (log["meta"]["gpu"] is None) == (TUNE_DEVICE == "cpu")
-    if "--grid" in options:
-        assert GRID_16 <= {tuple(c[k] for k in SEARCHED) for c in log["buckets"][key]["tried"]}
 
     monkeypatch.setattr(t, "CONFIG_DIR", tmp_path)
     _clear(t)
     try:
-        assert t.get_config("bwd", 5, 2, 2, 16, 4, torch.device(TUNE_DEVICE), layout) == table[key]
+        assert t.get_config("bwd", 5, 2, 2, 16, 4, torch.device(TUNE_DEVICE), "sdpa") == table[key]
     finally:
         _clear(t)
 
@@ -200,7 +193,6 @@ def test_shared_search_writes_to_the_bucket_of_every_size(kernel):
 def test_tune_on_a_gpu_compiles_the_grid_in_worker_processes_first(kernel, tmp_path):
     """--jobs: worker processes compile every candidate before the search, which then
     checks and times each of them in the parent process."""
-    assert {tuple(c[k] for k in SEARCHED) for c in tune.grid(16, 4)} == GRID_16
     table, log = _tune(tmp_path, "--grid", "--jobs", "2", device="cuda")
     key = submodule(kernel, "tuning").bucket(*BUCKET)
     assert log["precompile"]["compiled"] == log["precompile"]["candidates"] == len(GRID_16)
