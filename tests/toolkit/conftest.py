@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rope_bwd_triton import models
+from rope_bwd_triton import REPO_ROOT, models
 from rope_bwd_triton.build import build_variants, repo_id
 
 from ..helpers import INTERPRET
@@ -57,14 +57,20 @@ def no_tf32():
 
 
 @pytest.fixture(scope="session")
-def hub_twin_builds(tmp_path_factory) -> str:
-    """The offline twins of transformers' default hub kernels (hub_twins/README.md), built once
-    per process: their LOCAL_KERNELS entries."""
-    out = tmp_path_factory.mktemp("hub_twins")
+def hub_twin_builds() -> str:
+    """The offline twins of transformers' default hub kernels (hub_twins/README.md), built into
+    build/hub_twins/ once per process, one process at a time: a build loads each new variant in a
+    process of its own, and reuses what an earlier build of the same files found. Their
+    LOCAL_KERNELS entries."""
+    from filelock import FileLock
+
+    out = REPO_ROOT / "build" / "hub_twins"
+    out.mkdir(parents=True, exist_ok=True)
     entries = []
-    for source in sorted(p for p in HUB_TWINS.iterdir() if (p / "build.toml").is_file()):
-        build_variants(root=source, out=out / source.name / "build")
-        entries.append(f"{repo_id(source)}={out / source.name}")
+    with FileLock(out / ".lock"):
+        for source in sorted(p for p in HUB_TWINS.iterdir() if (p / "build.toml").is_file()):
+            build_variants(root=source, out=out / source.name / "build")
+            entries.append(f"{repo_id(source)}={out / source.name}")
     return ":".join(entries)
 
 
