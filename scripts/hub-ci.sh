@@ -2,14 +2,16 @@
 # Hub CI's test step (`nix run .#ci-test` of kernel-builder), reproduced without Nix:
 # `pytest tests -m kernels_ci` over a copy of only what kernel-builder's source set
 # holds (build.toml, and the build.toml `pyext` files of torch-ext/ and tests/), in a
-# venv of its own with only torch, pytest and numpy (pins from requirements-dev.txt; made once,
-# in .venv/hub-ci, and again when those pins change) and kernels,
-# PYTHONPATH at the variant and LOCAL_KERNELS at the built variants, from a neutral
-# directory; once per environment file given (default: requirements-oldest.txt and
-# requirements-newest.txt), with that file's kernels (installed into a folder of its own,
-# laid on PYTHONPATH), the files' runs side by side: each is one process, CI has two cores.
-# Fails unless at least MIN_TESTS tests ran and all passed in each.
-# With --prepare first, it only makes the venv and the kernels folders (it needs no .venv:
+# venv with only torch, pytest and numpy, PYTHONPATH at the variant and LOCAL_KERNELS at the built
+# variants, from a neutral directory; once per environment file given (default:
+# requirements-oldest.txt and requirements-newest.txt), with that file's kernels (installed into a
+# folder of its own, laid on PYTHONPATH), the files' runs side by side: each is one process, CI has
+# two cores. The venv's torch: requirements-dev.txt's pin (.venv/hub-ci), or the file's own torch and
+# triton pins where it has them (.venv/hub-ci-<file's name>: the newest torch that installs here),
+# on which the interpret-marked kernels_ci cases then run again in Triton's interpreter. Each venv
+# is made once, and again when its pins change.
+# Fails unless at least MIN_TESTS tests ran and all passed in each run.
+# With --prepare first, it only makes the venvs and the kernels folders (it needs no .venv:
 # scripts/test.sh makes them while setup.sh makes .venv, on CI's other core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,18 +25,30 @@ trap 'rm -rf "$work"' EXIT
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
-venv=.venv/hub-ci
-grep -E '^(torch|pytest|numpy)(==|$)' requirements-dev.txt > "$work/requirements.txt"
-want=$(sha256sum "$work/requirements.txt" | cut -d' ' -f1)
-if [ "$(cat "$venv/.requirements.sha" 2>/dev/null)" != "$want" ]; then
+twin_venv() {  # twin_venv ENV_FILE: the path of the venv for that file's runs
+  if grep -qE '^torch==' "$1"; then echo ".venv/hub-ci-$(basename "$1" .txt)"; else echo .venv/hub-ci; fi
+}
+make_venv() {  # make_venv ENV_FILE: its venv with torch (and triton where pinned), pytest and numpy
+  local venv want
+  venv=$(twin_venv "$1")
+  if grep -qE '^torch==' "$1"; then
+    grep -E '^(torch|triton)==' "$1" > "$work/$(basename "$1")"
+  else
+    grep -E '^torch(==|$)' requirements-dev.txt > "$work/$(basename "$1")"
+  fi
+  grep -E '^(pytest|numpy)(==|$)' requirements-dev.txt >> "$work/$(basename "$1")"
+  want=$(sha256sum "$work/$(basename "$1")" | cut -d' ' -f1)
+  [ "$(cat "$venv/.requirements.sha" 2>/dev/null)" != "$want" ] || return 0
   rm -rf "$venv"
   "$PY" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$work/requirements.txt"
+  # a torch pin of its own: this index's newer torch is the CUDA build, with CUDA's libraries
+  # (about 5 GB installed), which loads them even on a machine without a GPU
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$work/$(basename "$1")"
   echo "$want" > "$venv/.requirements.sha"
-fi
-venv=$(cd "$venv" && pwd)  # the runs start in $work
-kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of its own, $venv/<file's name>
-  local site kernels_pin
+}
+kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of its own, in its venv
+  local site kernels_pin venv
+  venv=$(twin_venv "$1")
   site=$venv/$(basename "$1" .txt)
   kernels_pin=$(grep -E '^kernels==' "$1")
   if [ "$(cat "$site/.pin" 2>/dev/null)" != "$kernels_pin" ]; then
@@ -44,6 +58,7 @@ kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of it
   fi
 }
 for env_file in "${envs[@]}"; do
+  make_venv "$env_file"
   kernels_site "$env_file"
 done
 [ -z "$prepare" ] || exit 0
@@ -58,20 +73,8 @@ done
 .venv/bin/python -m rope_bwd_triton build --out "$work/kernel" >/dev/null
 repo_id=$(.venv/bin/python -c 'from rope_bwd_triton.build import repo_id; print(repo_id())')
 
-variant=torch-$("$venv/bin/python" -c 'import torch; print("cuda" if torch.version.cuda else "cpu")')
-run() {  # run ENV_FILE: the kernels_ci tests with that file's kernels; its output in $work/<file>.log
-  local env_file=$1 name
-  name=$(basename "$env_file" .txt)
-  local kernels_pin
-  kernels_pin=$(grep -E '^kernels==' "$env_file")
-  local site=$venv/$name
-  local start=$SECONDS rc=0
-  (cd "$work" && env -u TRITON_INTERPRET -u LD_LIBRARY_PATH PYTHONPATH="$work/kernel/$variant:$site" \
-    LOCAL_KERNELS="$repo_id=$work/kernel" "$venv/bin/python" -m pytest "$work/src/tests" -m kernels_ci \
-    -p no:cacheprovider -q --junitxml="$work/$name.xml") || rc=$?
-  echo "hub CI twin, $kernels_pin: pytest exit $rc in $((SECONDS - start)) s"
-  [ "$rc" -eq 0 ] || return "$rc"
-  "$venv/bin/python" - "$work/$name.xml" "$MIN_TESTS" "$kernels_pin" <<'PY'
+junit_ran() {  # junit_ran XML WHAT: fails unless at least MIN_TESTS tests ran in that run
+  "$2" - "$1" "$MIN_TESTS" "$3" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 
@@ -80,6 +83,26 @@ ran = int(suite.get("tests")) - int(suite.get("skipped"))
 print(f"hub CI twin, {sys.argv[3]}: {ran} kernels_ci tests ran")
 sys.exit(0 if ran >= int(sys.argv[2]) else f"hub CI twin: fewer than {sys.argv[2]} kernels_ci tests ran")
 PY
+}
+run() {  # run ENV_FILE: the kernels_ci tests with that file's kernels; its output in $work/<file>.log
+  local env_file=$1 name venv py variant what pass
+  name=$(basename "$env_file" .txt)
+  venv=$(cd "$(twin_venv "$env_file")" && pwd)  # the runs start in $work
+  py=$venv/bin/python
+  variant=torch-$("$py" -c 'import torch; print("cuda" if torch.version.cuda else "cpu")')
+  what="$(grep -E '^kernels==' "$env_file"), torch $("$py" -c 'import torch; print(torch.__version__)')"
+  local passes=(cpu)
+  ! grep -qE '^torch==' "$env_file" || passes+=(interpreter)  # the newest torch's Triton too
+  for pass in "${passes[@]}"; do
+    local start=$SECONDS rc=0 interpret=()
+    [ "$pass" = cpu ] || interpret=(TRITON_INTERPRET=1)
+    (cd "$work" && env -u TRITON_INTERPRET -u LD_LIBRARY_PATH "${interpret[@]}" \
+      PYTHONPATH="$work/kernel/$variant:$venv/$name" LOCAL_KERNELS="$repo_id=$work/kernel" \
+      "$py" -m pytest "$work/src/tests" -m kernels_ci -p no:cacheprovider -q --junitxml="$work/$name-$pass.xml") || rc=$?
+    echo "hub CI twin, $what, $pass: pytest exit $rc in $((SECONDS - start)) s"
+    [ "$rc" -eq 0 ] || return "$rc"
+    junit_ran "$work/$name-$pass.xml" "$py" "$what, $pass" || return 1
+  done
 }
 pids=()
 for env_file in "${envs[@]}"; do

@@ -5,16 +5,16 @@
 # Triton's interpreter on CPU tensors (only the cases marked `interpret`: each kernel branch
 # and layout once, on small shapes; tests/conftest.py; and every family of the installed
 # transformers against its own function), then hub CI's test step in its own
-# environment with the oldest and the newest kernels (scripts/hub-ci.sh), the tests that go
-# through kernels and transformers on the oldest releases the README supports and on the newest
-# (scripts/against.sh with requirements-oldest.txt, requirements-newest.txt), the package tests on
-# the newest torch and its Triton, on the CPU and in the interpreter (requirements-newest.txt's
-# pins, in a venv of their own), and the workflows' lint. Arguments go to the first two pytest runs. Every pytest run prints
-# its skips by reason and fails on one outside tests/skips.py's short list.
-# Each stage's wall time is printed at the end. The venvs of hub CI's twin and of the newest torch
-# (a few GB of wheels to unpack, one process) are made in the background, niced, while setup.sh
-# makes .venv on CI's other core and after it wherever a core idles; the hub-ci stage waits for
-# them (its time counts that wait).
+# environment with the oldest and the newest kernels, the latter on the newest torch and its
+# Triton, on the CPU and in the interpreter (scripts/hub-ci.sh), the tests that go through kernels
+# and transformers on the oldest releases the README supports and on the newest (scripts/against.sh
+# with requirements-oldest.txt, requirements-newest.txt), and the workflows' lint. Arguments go to
+# the first two pytest runs. Every pytest run prints its skips by reason and fails on one outside
+# tests/skips.py's short list.
+# Each stage's wall time is printed at the end. The venvs of hub CI's twins (the newest torch's: a
+# few GB of wheels to unpack, one process) are made in the background, niced, while setup.sh makes
+# .venv on CI's other core and after it wherever a core idles; the hub-ci stage waits for them (its
+# time counts that wait).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 times=()
@@ -34,8 +34,7 @@ prepare_log=$(mktemp)
 # niced: where both cores are busy with tests, the tests come first. They live under .venv: they
 # start once setup.sh's venv has made it (both making it at once fails one of them: File exists).
 (for _ in $(seq 600); do [ -x .venv/bin/python ] && break; sleep 1; done  # bounded: setup.sh may fail
-  nice -n 19 bash scripts/hub-ci.sh --prepare requirements-oldest.txt requirements-newest.txt &&
-  nice -n 19 bash scripts/against.sh --prepare requirements-newest.txt) > "$prepare_log" 2>&1 &
+  nice -n 19 bash scripts/hub-ci.sh --prepare requirements-oldest.txt requirements-newest.txt) > "$prepare_log" 2>&1 &
 prepare_pid=$!
 prepared() {  # wait for the venvs; where making them failed, the stages make them (and fail) themselves
   wait "$prepare_pid" || echo "making the venvs in the background failed (the stages retry):"
@@ -44,7 +43,8 @@ prepared() {  # wait for the venvs; where making them failed, the stages make th
 stage setup bash scripts/setup.sh
 stage ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'  # configured in pyproject.toml
 stage suite $PY -m pytest -q -n 2 --dist loadgroup "$@"  # loadgroup: tests/toolkit/test_bench.py
-stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q -n 2 tests/test_*.py \
+# worksteal: an idle worker takes tests queued for the other (interpreted tests take 0.1 s to 30 s)
+stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q -n 2 --dist worksteal tests/test_*.py \
   tests/toolkit/test_families.py::test_kernelized_function_equals_the_familys \
   tests/toolkit/test_decoders.py::test_decoder_family "$@"
 hub_ci() {
