@@ -433,7 +433,7 @@ def test_quick_decoder_liger_in_the_interpreter(tmp_path):
     and transformers' function, verified after it, still sees fresh inputs."""
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed")
     files = _files(tmp_path, "liger")
-    argv = ["--preset", "decoder", "--quick", "--models", "qwen3-omni-thinker", "--seq-lens", "8", "--batches", "2"]
+    argv = ["--preset", "decoder", "--quick", "--models", "qwen3-omni-thinker", "--seq-lens", "8", "--batches", "1"]
     argv += ONE_ROUND  # each call of the thinker's heads takes seconds in the interpreter
     env = dict(os.environ, TRITON_INTERPRET="1")
     # one gradient layout: the in-place rotation on copies, checked here, is the same for both
