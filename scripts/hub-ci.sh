@@ -5,11 +5,11 @@
 # venv with only torch, pytest and numpy, PYTHONPATH at the variant and LOCAL_KERNELS at the built
 # variants, from a neutral directory; once per environment file given (default:
 # requirements-oldest.txt and requirements-newest.txt), with that file's kernels (installed into a
-# folder of its own, laid on PYTHONPATH), the files' runs side by side: each is one process, CI has
-# two cores. The venv's torch: requirements-dev.txt's pin (.venv/hub-ci), or the file's own torch and
-# triton pins where it has them (.venv/hub-ci-<file's name>: the newest torch that installs here),
-# on which the interpret-marked kernels_ci cases then run again in Triton's interpreter. Each venv
-# is made once, and again when its pins change.
+# folder of its own, laid on PYTHONPATH). The venv's torch: requirements-dev.txt's pin
+# (.venv/hub-ci), or the file's own torch and triton pins where it has them (.venv/hub-ci-<file's
+# name>: the newest torch that installs here), on which the interpret-marked kernels_ci cases also
+# run in Triton's interpreter. Each venv is made once, and again when its pins change. The runs go
+# side by side, each one process (CI has two cores).
 # Fails unless at least MIN_TESTS tests ran and all passed in each run.
 # With --prepare first, it only makes the venvs and the kernels folders (it needs no .venv:
 # scripts/test.sh makes them while setup.sh makes .venv, on CI's other core).
@@ -84,36 +84,38 @@ print(f"hub CI twin, {sys.argv[3]}: {ran} kernels_ci tests ran")
 sys.exit(0 if ran >= int(sys.argv[2]) else f"hub CI twin: fewer than {sys.argv[2]} kernels_ci tests ran")
 PY
 }
-run() {  # run ENV_FILE: the kernels_ci tests with that file's kernels; its output in $work/<file>.log
-  local env_file=$1 name venv py variant what pass
+run() {  # run ENV_FILE PASS (cpu or interpreter): the kernels_ci tests with that file's kernels
+  local env_file=$1 pass=$2 name venv py variant what start=$SECONDS rc=0 interpret=()
   name=$(basename "$env_file" .txt)
   venv=$(cd "$(twin_venv "$env_file")" && pwd)  # the runs start in $work
   py=$venv/bin/python
   variant=torch-$("$py" -c 'import torch; print("cuda" if torch.version.cuda else "cpu")')
-  what="$(grep -E '^kernels==' "$env_file"), torch $("$py" -c 'import torch; print(torch.__version__)')"
-  local passes=(cpu)
-  ! grep -qE '^torch==' "$env_file" || passes+=(interpreter)  # the newest torch's Triton too
-  for pass in "${passes[@]}"; do
-    local start=$SECONDS rc=0 interpret=()
-    [ "$pass" = cpu ] || interpret=(TRITON_INTERPRET=1)
-    (cd "$work" && env -u TRITON_INTERPRET -u LD_LIBRARY_PATH "${interpret[@]}" \
-      PYTHONPATH="$work/kernel/$variant:$venv/$name" LOCAL_KERNELS="$repo_id=$work/kernel" \
-      "$py" -m pytest "$work/src/tests" -m kernels_ci -p no:cacheprovider -q --junitxml="$work/$name-$pass.xml") || rc=$?
-    echo "hub CI twin, $what, $pass: pytest exit $rc in $((SECONDS - start)) s"
-    [ "$rc" -eq 0 ] || return "$rc"
-    junit_ran "$work/$name-$pass.xml" "$py" "$what, $pass" || return 1
-  done
+  what="$(grep -E '^kernels==' "$env_file"), torch $("$py" -c 'import torch; print(torch.__version__)'), $pass"
+  [ "$pass" = cpu ] || interpret=(TRITON_INTERPRET=1)
+  (cd "$work" && env -u TRITON_INTERPRET -u LD_LIBRARY_PATH "${interpret[@]}" \
+    PYTHONPATH="$work/kernel/$variant:$venv/$name" LOCAL_KERNELS="$repo_id=$work/kernel" \
+    "$py" -m pytest "$work/src/tests" -m kernels_ci -p no:cacheprovider -q --junitxml="$work/$name-$pass.xml") || rc=$?
+  echo "hub CI twin, $what: pytest exit $rc in $((SECONDS - start)) s"
+  [ "$rc" -eq 0 ] || return "$rc"
+  junit_ran "$work/$name-$pass.xml" "$py" "$what"
 }
-pids=()
+# every run its own process, side by side: a file with a torch of its own runs in the interpreter too
+runs=()
 for env_file in "${envs[@]}"; do
-  run "$env_file" > "$work/$(basename "$env_file" .txt).log" 2>&1 &
+  runs+=("$env_file cpu")
+  ! grep -qE '^torch==' "$env_file" || runs+=("$env_file interpreter")
+done
+pids=()
+for i in "${!runs[@]}"; do
+  # shellcheck disable=SC2086  # file and pass
+  run ${runs[$i]} > "$work/run-$i.log" 2>&1 &
   pids+=($!)
 done
 failed=0
-for i in "${!envs[@]}"; do
+for i in "${!runs[@]}"; do
   rc=0
   wait "${pids[$i]}" || rc=$?
-  cat "$work/$(basename "${envs[$i]}" .txt).log"
+  cat "$work/run-$i.log"
   [ "$rc" -eq 0 ] || failed=$rc
 done
 exit "$failed"

@@ -43,8 +43,7 @@ prepared() {  # wait for the venvs; where making them failed, the stages make th
 stage setup bash scripts/setup.sh
 stage ruff bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'  # configured in pyproject.toml
 stage suite $PY -m pytest -q -n 2 --dist loadgroup "$@"  # loadgroup: tests/toolkit/test_bench.py
-# worksteal: an idle worker takes tests queued for the other (interpreted tests take 0.1 s to 30 s)
-stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q -n 2 --dist worksteal tests/test_*.py \
+stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q -n 2 tests/test_*.py \
   tests/toolkit/test_families.py::test_kernelized_function_equals_the_familys \
   tests/toolkit/test_decoders.py::test_decoder_family "$@"
 hub_ci() {
