@@ -66,11 +66,12 @@ USER_CALLS = textwrap.dedent("""
 
 
 def _expected_layout(build):
-    """{branch: paths in repo}, from what lies in benchmarks/ and the build folder."""
+    """{branch: paths in repo}, from what lies in benchmarks/ and the build folder's variants
+    (torch-*; other tests build beside them, e.g. hub_twins/)."""
     benchmarks = [f"benchmarks/{p.name}" for p in (REPO_ROOT / "benchmarks").glob("benchmark*.py")]
     build = [
         f"build/{p.relative_to(build).as_posix()}"
-        for p in build.rglob("*")
+        for p in build.glob("torch-*/**/*")
         if p.is_file() and "__pycache__" not in p.parts
     ]
     return {"main": ["README.md"], "v1": sorted(benchmarks + build)}
