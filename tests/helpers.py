@@ -17,6 +17,10 @@ REPO_ID = tomllib.loads((ROOT / "build.toml").read_text())["general"]["hub"]["re
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+# Whole models compiled on each device: on CPU aot_eager, dynamo's graph and the autograd graph as
+# inductor gets them (inductor would spend its time compiling C++ for a whole model; its CPU code
+# of our ops is checked on single modules in test_compile).
+COMPILE_BACKEND = {"cpu": "aot_eager", "cuda": "inductor"}
 
 
 def kernel_path(device) -> bool:

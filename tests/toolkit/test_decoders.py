@@ -23,7 +23,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from rope_bwd_triton import models
 
-from ..helpers import DEVICES
+from ..helpers import COMPILE_BACKEND, DEVICES
 from ..reference import rel_err
 from .test_families import defining_families, kernelized
 from .test_kernelize_transformers import assert_kernelized
@@ -302,8 +302,7 @@ def test_tiny_model_trains_as_eager(kernel, integrations, rotary_calls, family):
 def test_compiled_decoder_has_no_graph_break_nor_recompile(kernel, integrations):
     """A kernelized tiny Llama (Mode.TRAINING | TORCH_COMPILE) compiled whole, fullgraph: a training
     step at two sequence lengths, the token axis marked dynamic, compiles one graph (error_on_recompile
-    on the second) whose loss and gradients are eager's. On CPU aot_eager (dynamo's graph and the
-    autograd graph, as inductor gets them; inductor would spend its time compiling C++)."""
+    on the second) whose loss and gradients are eager's."""
     eager, _, step = build("llama", num_hidden_layers=1)  # one layer: half the tracing
     model = copy.deepcopy(eager)
     lengths = (7, 12)
@@ -312,7 +311,7 @@ def test_compiled_decoder_has_no_graph_break_nor_recompile(kernel, integrations)
     integrations.kernelize_rotary(model, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device="cpu")
     assert_kernelized(kernel, model, "ApplyRotaryPosEmbPromoted")
     torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
+    counter = CompileCounterWithBackend(COMPILE_BACKEND["cpu"])
     model.compile(backend=counter, fullgraph=True)  # in place: parameter names stay eager's
     for i, (ids, ref) in enumerate(zip(batches, refs)):
         torch._dynamo.mark_dynamic(ids[0], 1)
