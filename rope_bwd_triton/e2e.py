@@ -207,12 +207,12 @@ def decoder_target(rope, *, dtype, device, model_config, repo_id, batch, layers)
     return Target(modeling_module("llama"), "apply_rotary_pos_emb", eager, inputs, kernelize)
 
 
-def run(target: Target, rope, *, tokens, warmup, rounds, per_round, profile_dir=None, compile=False):
+def run(target: Target, rope, *, tokens, warmup, rounds, per_round, profile_dir=None, compile=None):
     """({tokens: {variant: {"steps": [(step, enqueue, wall) ms, ...], "profile": summary}}},
     {tokens: {"warm-up": frames, "timed": frames}} compiled by dynamo when compile else {})
     ("profile" only with profile_dir); transformers' rotary is restored afterwards.
-    compile: kernelize with Mode.TORCH_COMPILE too, then every model compiled in place
-    (nn.Module.compile); its warm-up steps compile each variant."""
+    compile (a torch.compile backend, or None): kernelize with Mode.TORCH_COMPILE too, then every
+    model compiled in place (nn.Module.compile); its warm-up steps compile each variant."""
     import kernels
 
     modeling, eager = target.modeling, target.eager
@@ -232,8 +232,8 @@ def run(target: Target, rope, *, tokens, warmup, rounds, per_round, profile_dir=
             from .peers import raise_recompile_limit
 
             raise_recompile_limit()
-            eager.compile()
-            kernelized.compile()
+            eager.compile(backend=compile)
+            kernelized.compile(backend=compile)
         # The rotary is a module global shared by every model of the family: each
         # variant installs its own before its steps.
         models = {"eager": eager, "kernelized": kernelized, "identity": eager}
@@ -308,12 +308,14 @@ def markdown(report, meta) -> str:
     where = meta.get("gpu", meta["device"]) or "CPU"
     versions = recorded_versions(meta)
     timer = "CUDA events" if where != "CPU" else "wall clock"
+    backend = meta.get("compile")  # True in records made before the backend was an option
     compiled = (
         (
             ", every variant torch.compile'd (kernelize with Mode.TRAINING | Mode.TORCH_COMPILE, "
-            "then nn.Module.compile; the warm-up steps compile)"
+            f"then nn.Module.compile{'' if backend in (True, 'inductor') else f' with {backend}'}; "
+            "the warm-up steps compile)"
         )
-        if meta.get("compile")
+        if backend
         else ""
     )
     rows = []
@@ -448,9 +450,12 @@ def add_arguments(parser):
     )
     parser.add_argument(
         "--compile",
-        action="store_true",
-        help="torch.compile every variant (kernelize with Mode.TORCH_COMPILE too); "
-        "the warm-up steps compile, so give at least one",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="torch.compile every variant (kernelize with Mode.TORCH_COMPILE too) with BACKEND "
+        "(default inductor; aot_eager: dynamo's and autograd's graphs without inductor's code, "
+        "a quick check on the CPU); the warm-up steps compile, so give at least one",
     )
     parser.add_argument(
         "--out",
