@@ -8,8 +8,9 @@
 # folder of its own, laid on PYTHONPATH). The venv's torch: requirements-dev.txt's pin
 # (.venv/hub-ci), or the file's own torch and triton pins where it has them (.venv/hub-ci-<file's
 # name>: the newest torch that installs here), on which the interpret-marked kernels_ci cases also
-# run in Triton's interpreter. Each venv is made once, and again when its pins change. The runs go
-# side by side, each one process (CI has two cores).
+# run in Triton's interpreter. On requirements-dev's torch the tests of torch.compile on our ops
+# are left to the suite stage (run()). Each venv is made once, and again when its pins change. The
+# runs go side by side, each one process (CI has two cores).
 # Fails unless at least MIN_TESTS tests ran and all passed in each run.
 # With --prepare first, it only makes the venvs and the kernels folders (it needs no .venv:
 # scripts/test.sh makes them while setup.sh makes .venv, on CI's other core).
@@ -25,13 +26,16 @@ trap 'rm -rf "$work"' EXIT
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
+twin_has_torch() {  # twin_has_torch ENV_FILE: whether the file pins a torch of its own
+  grep -qE '^torch==' "$1"
+}
 twin_venv() {  # twin_venv ENV_FILE: the path of the venv for that file's runs
-  if grep -qE '^torch==' "$1"; then echo ".venv/hub-ci-$(basename "$1" .txt)"; else echo .venv/hub-ci; fi
+  if twin_has_torch "$1"; then echo ".venv/hub-ci-$(basename "$1" .txt)"; else echo .venv/hub-ci; fi
 }
 make_venv() {  # make_venv ENV_FILE: its venv with torch (and triton where pinned), pytest and numpy
   local venv want
   venv=$(twin_venv "$1")
-  if grep -qE '^torch==' "$1"; then
+  if twin_has_torch "$1"; then
     grep -E '^(torch|triton)==' "$1" > "$work/$(basename "$1")"
   else
     grep -E '^torch(==|$)' requirements-dev.txt > "$work/$(basename "$1")"
@@ -85,16 +89,20 @@ sys.exit(0 if ran >= int(sys.argv[2]) else f"hub CI twin: fewer than {sys.argv[2
 PY
 }
 run() {  # run ENV_FILE PASS (cpu or interpreter): the kernels_ci tests with that file's kernels
-  local env_file=$1 pass=$2 name venv py variant what start=$SECONDS rc=0 interpret=()
+  local env_file=$1 pass=$2 name venv py variant what start=$SECONDS rc=0 interpret=() same_torch=()
   name=$(basename "$env_file" .txt)
   venv=$(cd "$(twin_venv "$env_file")" && pwd)  # the runs start in $work
   py=$venv/bin/python
-  variant=torch-$("$py" -c 'import torch; print("cuda" if torch.version.cuda else "cpu")')
-  what="$(grep -E '^kernels==' "$env_file"), torch $("$py" -c 'import torch; print(torch.__version__)'), $pass"
+  read -r variant version < <("$py" -c 'import torch; print("torch-" + ("cuda" if torch.version.cuda else "cpu"), torch.__version__)')
+  what="$(grep -E '^kernels==' "$env_file"), torch $version, $pass"
   [ "$pass" = cpu ] || interpret=(TRITON_INTERPRET=1)
+  # On requirements-dev's torch the tests of torch.compile on our ops (two thirds of the run's
+  # time) are the suite stage's, on that same torch: kernels plays no part in them once the
+  # kernel fixture has loaded the package. A file with a torch of its own runs them all.
+  twin_has_torch "$env_file" || same_torch=(--ignore="$work/src/tests/test_compile.py" --ignore="$work/src/tests/test_out_compile.py")
   (cd "$work" && env -u TRITON_INTERPRET -u LD_LIBRARY_PATH "${interpret[@]}" \
     PYTHONPATH="$work/kernel/$variant:$venv/$name" LOCAL_KERNELS="$repo_id=$work/kernel" \
-    "$py" -m pytest "$work/src/tests" -m kernels_ci -p no:cacheprovider -q --junitxml="$work/$name-$pass.xml") || rc=$?
+    "$py" -m pytest "$work/src/tests" -m kernels_ci "${same_torch[@]}" -p no:cacheprovider -q --junitxml="$work/$name-$pass.xml") || rc=$?
   echo "hub CI twin, $what: pytest exit $rc in $((SECONDS - start)) s"
   [ "$rc" -eq 0 ] || return "$rc"
   junit_ran "$work/$name-$pass.xml" "$py" "$what"
@@ -103,7 +111,7 @@ run() {  # run ENV_FILE PASS (cpu or interpreter): the kernels_ci tests with tha
 runs=()
 for env_file in "${envs[@]}"; do
   runs+=("$env_file cpu")
-  ! grep -qE '^torch==' "$env_file" || runs+=("$env_file interpreter")
+  ! twin_has_torch "$env_file" || runs+=("$env_file interpreter")
 done
 pids=()
 for i in "${!runs[@]}"; do
