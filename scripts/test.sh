@@ -17,6 +17,10 @@
 # time counts that wait).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python's bytecode caches on, where the environment turns them off: each of the stages' dozens of
+# processes would compile the package and the tests again (pytest's assertion rewriting: 4 s a
+# process). __pycache__ is ignored by git and left out of the builds.
+unset PYTHONDONTWRITEBYTECODE
 times=()
 stage() {  # stage NAME COMMAND...: run it, note its time
   local name=$1 start=$SECONDS
