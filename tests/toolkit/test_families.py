@@ -427,7 +427,8 @@ def test_compiled_variants(kernel, integrations, device, gen):
     and matches the family's own function: Inkling2's pairs, MiniMax-M3's promoted dtypes
     (bf16 q and k, float32 cos and sin) in the call shape of the installed release. Inductor
     on CUDA; on CPU, where inductor would spend its time compiling C++, aot_eager (dynamo's
-    graph and the autograd graph, as inductor gets them)."""
+    graph and the autograd graph, as inductor gets them). One layer code serves the three
+    variants: dynamo recompiles it with their flags symbolic (launch.py specializes them)."""
     backend = "inductor" if torch.device(device).type == "cuda" else "aot_eager"
     families = [f for f in ("inkling2", "minimax_m3_vl", "qwen2_vl") if f in FAMILIES]
     integrations.make_kernelizable(families=families)

@@ -294,5 +294,7 @@ def _launch_traced(tensors, adjoint, pairs, config, heads_first):
     B, S, sizes, config = sized
     kept = lambda i, t: t is None or i in (2, 3, 8, 9) or _encode_traced(_roles(t.shape, t.stride(), i < 6), S)
     tensors = [t if kept(i, t) else t.contiguous() for i, t in enumerate(tensors)]
-    plan = _plan(*sizes, adjoint, pairs, _layout(metas(), S, _encode_traced), config, tensors[0].device.index)
+    # int(pairs): the flags are constexprs; where one compiled layer code served a variant of other
+    # flags, dynamo passes them symbolic (automatic dynamic): specialized, guarded by value
+    plan = _plan(*sizes, adjoint, int(pairs), _layout(metas(), S, _encode_traced), config, tensors[0].device.index)
     wrap_triton(rotary_kernel)[plan.grid(B, S)](*_pointer_args(tensors), S, **plan.consts)
