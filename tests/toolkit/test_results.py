@@ -59,12 +59,12 @@ def test_figures_come_from_the_records_and_name_their_commit(tree):
     h100, h200 = cells((tree / "README.md").read_text())["SOL-ExecBench 019, fp32 backward, mean of the 16 workloads"]
     suite = json.loads((H100 / "bench.json").read_text())["summary"]["impls"]
     ours, copy = suite["ours_bwd"]["mean_us"], suite["copy_bwd"]["mean_us"]
-    assert h100 == f"{ours:.1f} us; copy {copy:.1f} (at d656467)"  # its release ran at b65bd11
+    assert h100 == f"{ours:.1f} us; copy {copy:.1f}"  # of the release's own commit: no mark
     suite = json.loads((H200 / "bench.json").read_text())["summary"]["impls"]
     ours, copy = suite["ours_bwd"]["mean_us"], suite["copy_bwd"]["mean_us"]
     assert h200.startswith(f"{ours:.1f} us; copy {copy:.1f}, ") and h200.endswith(" (at 6e9a4bc)")
-    decode = cells((tree / "README.md").read_text())[results.ROWS[3][0]][0]
-    assert decode.endswith("(commit not recorded)")  # recorded before run_meta named its commit
+    decoder = cells((tree / "README.md").read_text())[results.ROWS[2][0]][1]
+    assert decoder.endswith("(commit not recorded)")  # H200's, recorded before run_meta named its commit
     assert (tree / "CARD.md").read_text() == publish.render_card((tree / "README.md").read_text())
     text = (tree / "benchmarks" / "RESULTS.md").read_text()
     assert "Raw: `h200/decoder.json` (commit not recorded)." in text
