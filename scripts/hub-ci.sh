@@ -96,9 +96,9 @@ run() {  # run ENV_FILE PASS (cpu or interpreter): the kernels_ci tests with tha
   read -r variant version < <("$py" -c 'import torch; print("torch-" + ("cuda" if torch.version.cuda else "cpu"), torch.__version__)')
   what="$(grep -E '^kernels==' "$env_file"), torch $version, $pass"
   [ "$pass" = cpu ] || interpret=(TRITON_INTERPRET=1)
-  # On requirements-dev's torch the tests of torch.compile on our ops (two thirds of the run's
-  # time) are the suite stage's, on that same torch: kernels plays no part in them once the
-  # kernel fixture has loaded the package. A file with a torch of its own runs them all.
+  # On requirements-dev's torch the tests of torch.compile on our ops are the suite stage's, on
+  # that same torch: kernels plays no part in them once the kernel fixture has loaded the
+  # package. A file with a torch of its own runs them all.
   twin_has_torch "$env_file" || same_torch=(--ignore="$work/src/tests/test_compile.py" --ignore="$work/src/tests/test_out_compile.py")
   (cd "$work" && env -u TRITON_INTERPRET -u LD_LIBRARY_PATH "${interpret[@]}" \
     PYTHONPATH="$work/kernel/$variant:$venv/$name" LOCAL_KERNELS="$repo_id=$work/kernel" \

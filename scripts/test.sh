@@ -18,8 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Python's bytecode caches on, where the environment turns them off: each of the stages' dozens of
-# processes would compile the package and the tests again (pytest's assertion rewriting: 4 s a
-# process). __pycache__ is ignored by git and left out of the builds.
+# processes would compile the package and the tests again (pytest's assertion rewriting, in
+# each). __pycache__ is ignored by git and left out of the builds.
 unset PYTHONDONTWRITEBYTECODE
 times=()
 stage() {  # stage NAME COMMAND...: run it, note its time

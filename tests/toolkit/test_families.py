@@ -26,7 +26,7 @@ from kernels import KernelizeFallback, Mode, kernelize, use_kernel_mapping
 from rope_bwd_triton import models
 from rope_bwd_triton.build import repo_id
 
-from ..helpers import DEVICES, INTERPRET
+from ..helpers import COMPILE_BACKEND, DEVICES, INTERPRET
 from ..reference import rel_err
 from .test_kernelize_transformers import assert_kernelized, run
 
@@ -425,11 +425,10 @@ def test_a_model_of_several_families(kernel, integrations, rotary_calls, device)
 def test_compiled_variants(kernel, integrations, device, gen):
     """Every variant's layer compiles whole (fullgraph: no graph break), forward and backward,
     and matches the family's own function: Inkling2's pairs, MiniMax-M3's promoted dtypes
-    (bf16 q and k, float32 cos and sin) in the call shape of the installed release. Inductor
-    on CUDA; on CPU, where inductor would spend its time compiling C++, aot_eager (dynamo's
-    graph and the autograd graph, as inductor gets them). One layer code serves the three
-    variants: dynamo recompiles it with their flags symbolic (launch.py specializes them)."""
-    backend = "inductor" if torch.device(device).type == "cuda" else "aot_eager"
+    (bf16 q and k, float32 cos and sin) in the call shape of the installed release (COMPILE_BACKEND
+    of the device). One layer code serves the three variants: dynamo recompiles it with their
+    flags symbolic (launch.py specializes them)."""
+    backend = COMPILE_BACKEND[torch.device(device).type]
     families = [f for f in ("inkling2", "minimax_m3_vl", "qwen2_vl") if f in FAMILIES]
     integrations.make_kernelizable(families=families)
     torch._dynamo.reset()
