@@ -29,12 +29,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from . import offline, skips
+from . import interpreter, offline, skips
 from .helpers import HAS_CUDA, INTERPRET, REPO_ID, ROOT
 
 # The toolkit's tests need the repository's toolkit next to tests/; hub CI's copy holds
 # only build.toml, torch-ext/ and tests/ (whatever the current directory has).
 collect_ignore = [] if (ROOT / "rope_bwd_triton").is_dir() else ["toolkit"]
+
+
+_PATCHED_ONCE = pytest.StashKey[bool]()
 
 
 def pytest_configure(config):
@@ -57,12 +60,16 @@ def pytest_configure(config):
         "filterwarnings", "error:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning"
     )
     offline.install()
+    config.stash[_PATCHED_ONCE] = INTERPRET and interpreter.install()
     if not config.pluginmanager.has_plugin("tests.skips"):  # `-p tests.skips` registers it too
         config.pluginmanager.register(skips, "tests.skips")
 
 
 def pytest_report_header(config):
-    cpu_path = "Triton kernels in the interpreter (interpret-marked cases)" if INTERPRET else "PyTorch path"
+    cpu_path = "PyTorch path"
+    if INTERPRET:
+        once = "once" if config.stash[_PATCHED_ONCE] else "at every device-function call (tests/interpreter.py)"
+        cpu_path = f"Triton kernels in the interpreter (interpret-marked cases; triton.language patched {once})"
     return (
         f"rope-bwd: CPU tensors run the {cpu_path}; CUDA {'available' if HAS_CUDA else 'not available'}; "
         f"LOCAL_KERNELS={os.environ.get('LOCAL_KERNELS')}"

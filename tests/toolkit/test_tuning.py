@@ -39,7 +39,7 @@ def test_default_config_is_valid_and_fills_the_gpu(kernel, mode):
     per mode: each check takes microseconds, a test of its own costs more than the check."""
     default_config = submodule(kernel, "tuning").default_config
     for S, R, D, n_sm, elem in itertools.product(
-        [1, 7, 128, 131, 1024, 4096, 65536], [2, 17, 32, 130], [2, 16, 72, 80, 128, 256], [132, 8], [2, 4]
+        [1, 7, 128, 131, 1024, 4096, 65536], [2, 17, 32, 130], [2, 16, 72, 80, 128, 256], [132, 8, 0], [2, 4]
     ):
         where = dict(mode=mode, S=S, R=R, D=D, n_sm=n_sm, elem=elem)
         cfg = default_config(mode, S, R, D, elem, n_sm)
@@ -50,6 +50,9 @@ def test_default_config_is_valid_and_fills_the_gpu(kernel, mode):
         assert 2 <= cfg["BLOCK_R"] <= max(2, _next_pow2(R)), (where, cfg)
         assert cfg["num_warps"] in (1, 2, 4, 8, 16), (where, cfg)
         programs = -(-S // cfg["BLOCK_S"]) * -(-half // cfg["BLOCK_D"])
+        if n_sm == 0:  # the CPU (Triton's interpreter): 8 tokens a program, the GPU's tile otherwise
+            assert cfg == {**default_config(mode, S, R, D, elem, 132), "BLOCK_S": 8}, (where, cfg)
+            continue
         # a program per SM, or as many as the shape allows at 8 channels per program
         most = S * -(-half // min(8, _next_pow2(half)))
         assert programs >= min(n_sm, most), (where, cfg)

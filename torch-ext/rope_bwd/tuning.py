@@ -72,7 +72,11 @@ def default_config(mode: str, S: int, R: int, D: int, elem_size: int, n_sm: int 
       channels and every head (up to 32 q + k) in one chunk on one warp, so that a program has
       all its loads in flight; the half row is split further only to give every SM a program.
     - Many programs: 64 channels; 16 heads per chunk on one warp for the backward with the table
-      gradient (twice the loads per head), else 32 heads on two warps."""
+      gradient (twice the loads per head), else 32 heads on two warps.
+    - No SMs (CPU tensors in Triton's interpreter, which runs the programs one after another at
+      about the same cost whatever their tile): 8 tokens per program."""
+    if n_sm == 0:
+        return {**default_config(mode, S, R, D, elem_size), "BLOCK_S": 8}
     half = D // 2
     bd = min(triton_next_pow2(half), 64)
     rows = min(triton_next_pow2(max(R, 2)), 32)
@@ -94,7 +98,7 @@ def triton_next_pow2(n: int) -> int:
 @functools.cache
 def _device_props(device: torch.device):
     if device.type != "cuda":
-        return "cpu", 1
+        return "cpu", 0
     props = torch.cuda.get_device_properties(device)
     return props.name, props.multi_processor_count
 
