@@ -90,6 +90,8 @@ def add_arguments(parser):
     peers = tuple(dict.fromkeys(measure.PEERS + realcall.PEERS))
     parser.add_argument("--peers", type=cli.subset_of(peers, "peers"), help=f"comma-separated; suite: "
                         f"{','.join(measure.PEERS)}; realcall, decoder(s): {','.join(realcall.PEERS)}")  # fmt: skip
+    parser.add_argument("--compile-backend", default="inductor", metavar="BACKEND",
+                        help="the compile peer's torch.compile backend (default inductor)")  # fmt: skip
     parser.add_argument("--ab", type=Path, nargs="+", help="also time other builds of ours: checkouts with build/")
     parser.add_argument("--calls", type=cli.positive_int, help="timed calls per workload (default 40)")
     parser.add_argument("--rounds", type=cli.positive_int, help="the calls split over rounds in which a workload's "
@@ -168,10 +170,12 @@ def header(kernel, device) -> str:
 
 def run(args) -> dict:
     """Loads the kernel (and the --ab builds) and measures the preset."""
+    from . import peers
     from .load import load_kernel, load_other
 
     if args.untuned:  # read by tuning.py when the kernel is imported
         os.environ["ROPE_BWD_TUNED"] = "0"
+    peers.COMPILE_BACKEND = args.compile_backend
     kernel = load_kernel()
     others = [load_other(path) for path in args.ab or ()]
     print(header(kernel, args.device), flush=True)

@@ -46,11 +46,16 @@ def raise_recompile_limit(limit=1024):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
 
 
+# The compile peer's torch.compile backend (bench --compile-backend; the CPU tests take aot_eager,
+# which checks the same frames without inductor's code generation)
+COMPILE_BACKEND = "inductor"
+
+
 def compiled(fn):
     """torch.compile(fn) that compiles once per input shape (no dynamic shapes) and
     never falls back to eager because the suite's 16+ shapes pass the recompile limit."""
     raise_recompile_limit()
-    return torch.compile(fn, dynamic=False)
+    return torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND)
 
 
 def liger_rope_backward():

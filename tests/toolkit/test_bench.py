@@ -13,8 +13,13 @@ import torch
 from rope_bwd_triton import REPO_ROOT, measure, realcall, report, suite
 from rope_bwd_triton import __main__ as cli
 
+from ..helpers import COMPILE_BACKEND
+
 OURS = ["ours_bwd", "ours_bwd_qk", "ours_bwd_bf16", "ours_fwd", "ours_fwd_bf16"]
 
+
+# The compile peer on the device bench picks (tests/helpers.py: aot_eager on the CPU)
+COMPILE = ["--compile-backend", COMPILE_BACKEND["cuda" if torch.cuda.is_available() else "cpu"]]
 
 # One timed call in one round: the timings mean nothing on the CPU, and every round repeats the
 # warm-up calls (the rotation of the rounds: test_timing.py)
@@ -53,6 +58,7 @@ def quick_run(tmp_path_factory):
     """The suite preset, every peer, and this checkout's build again as an A/B build."""
     files = _files(tmp_path_factory.mktemp("bench"), "bench")
     argv = ["bench", "--quick", "--device", "cpu", "--peers", "eager,compile,liger,copy", "--ab", str(REPO_ROOT)]
+    argv += ["--compile-backend", COMPILE_BACKEND["cpu"]]
     rc = cli.main(argv + ["--seq-lens", "8", "33"] + _flags(files))
     return rc, files
 
@@ -409,7 +415,8 @@ def test_quick_decoder_preset_with_peers(tmp_path):
     files = _files(tmp_path, "dec")
     # one batch size (each shape is one compilation of the peer on the CPU); the batches: test_quick_decode_preset
     argv = ["--preset", "decoder", "--quick", "--models", "llama3-8b", "--seq-lens", "33", "--batches", "2"]
-    _bench(*argv, "--layouts", "sdpa", "flash", *ONE_ROUND, "--peers", "copy,transformers,compile", *_flags(files))
+    _bench(*argv, "--layouts", "sdpa", "flash", *ONE_ROUND, "--peers", "copy,transformers,compile", *COMPILE,
+           *_flags(files))  # fmt: skip
     run = json.loads(files["json"].read_text())
     assert {(w["model"], w["H"], w["HK"], w["D"], w["B"], w["layout"]) for w in run["workloads"]} == {
         ("llama3-8b", 32, 8, 128, 2, lay) for lay in ("sdpa", "flash")
@@ -503,7 +510,7 @@ def test_quick_families_preset(tmp_path):
     files = _files(tmp_path, "fam")
     # one length: each shape is one compilation of each family's function on the CPU
     _bench("--preset", "families", "--quick", "--seq-lens", "8", *ONE_ROUND, "--peers", "copy,transformers,compile",
-           *_flags(files))  # fmt: skip
+           *COMPILE, *_flags(files))  # fmt: skip
     run = json.loads(files["json"].read_text())
     assert {(w["model"], w["H"], w["HK"], w["D"]) for w in run["workloads"]} == {
         ("gpt-oss", 64, 8, 64), ("deepseek-v4", 64, 1, 512), ("dinov3-vitl", 16, 16, 64)
