@@ -42,7 +42,7 @@ want=$(sha256sum "$env_file" | cut -d' ' -f1)
 if [ "$(cat "$site/.requirements.sha" 2>/dev/null)" != "$want" ]; then
   rm -rf "$site"
   grep -vE '^(torch|triton)==' "$env_file" > "$site.txt.tmp"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --target "$site" -r "$site.txt.tmp"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile --no-deps --target "$site" -r "$site.txt.tmp"
   rm -f "$site.txt.tmp"
   echo "$want" > "$site/.requirements.sha"
 fi

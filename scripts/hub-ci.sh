@@ -47,7 +47,7 @@ make_venv() {  # make_venv ENV_FILE: its venv with torch (and triton where pinne
   "$PY" -m venv "$venv"
   # a torch pin of its own: this index's newer torch is the CUDA build, with CUDA's libraries
   # (about 5 GB installed), which loads them even on a machine without a GPU
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$work/$(basename "$1")"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile -r "$work/$(basename "$1")"
   echo "$want" > "$venv/.requirements.sha"
 }
 kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of its own, in its venv
@@ -57,7 +57,7 @@ kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of it
   kernels_pin=$(grep -E '^kernels==' "$1")
   if [ "$(cat "$site/.pin" 2>/dev/null)" != "$kernels_pin" ]; then
     rm -rf "$site"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$site" "$kernels_pin"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile --target "$site" "$kernels_pin"
     echo "$kernels_pin" > "$site/.pin"
   fi
 }

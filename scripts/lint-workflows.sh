@@ -9,6 +9,6 @@ command -v "$PY" >/dev/null || PY=python3
 venv=$(mktemp -d)
 trap 'rm -rf "$venv"' EXIT
 "$PY" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check check-jsonschema==0.39.0 zizmor==1.32.0
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile check-jsonschema==0.39.0 zizmor==1.32.0
 "$venv/bin/check-jsonschema" --builtin-schema vendor.github-workflows .github/workflows/*.yaml
 "$venv/bin/zizmor" --offline --persona pedantic .github/workflows
