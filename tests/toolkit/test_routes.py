@@ -69,25 +69,36 @@ def _load(kernel, folder, cls, route):
         return kernels.kernelize(model, mode=Mode.TRAINING, device="cpu")
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """family -> a tiny model of it saved (its folder, class, inputs) and transformers' own step
+    of it loaded (output, gradients): made once per worker, for every route."""
+    made = {}
+
+    def of(family):
+        if family not in made:
+            make, inputs_of = TINY[family]
+            model, folder = make().train(), tmp_path_factory.mktemp(family)
+            model.save_pretrained(folder)
+            cls, inputs = type(model), inputs_of(model)
+            made[family] = folder, cls, inputs, _run(cls.from_pretrained(folder, use_kernels=False).train(), inputs)
+        return made[family]
+
+    return of
+
+
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("family", TINY)
-def test_every_route_serves_the_models_own_rotary(
-    kernel, integrations, rotary_calls, hub_twins, tmp_path, family, route
-):
+def test_every_route_serves_the_models_own_rotary(kernel, integrations, rotary_calls, hub_twins, saved, family, route):
     """A tiny model saved and loaded through the route: logits and every gradient equal
     transformers' own; where the route maps the model's rotary to the package, its calls ran
     (GPT-OSS's through its own variant, whatever name mapped it), and nothing warned. The other
     hub kernels transformers maps (5.24: GPT-OSS's experts on the CPU) come from their offline
     twins."""
-    make, inputs_of = TINY[family]
-    model = make()
-    model.train()
-    model.save_pretrained(tmp_path)
-    cls, inputs = type(model), inputs_of(model)
-    want, want_grads = _run(cls.from_pretrained(tmp_path, use_kernels=False).train(), inputs)
+    folder, cls, inputs, (want, want_grads) = saved(family)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="rope-bwd")
-        loaded = _load(kernel, tmp_path, cls, route).train()
+        loaded = _load(kernel, folder, cls, route).train()
         got, grads = _run(loaded, inputs)
     assert rel_err(got, want) <= TOL and grads.keys() == want_grads.keys()
     assert all(rel_err(grads[n], want_grads[n]) <= TOL for n in want_grads), family
