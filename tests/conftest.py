@@ -27,6 +27,12 @@ import zlib
 from pathlib import Path
 
 import pytest
+
+# inductor compiles in the process that asks, not in a pool of worker processes that each import
+# torch again (read when torch._inductor is first imported): the tests' parallelism is
+# pytest-xdist's workers, and the toolkit's commands they start inherit this
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 import torch
 
 from . import interpreter, offline, skips
