@@ -48,6 +48,8 @@ make_venv() {  # make_venv ENV_FILE: its venv with torch (and triton where pinne
   # a torch pin of its own: this index's newer torch is the CUDA build, with CUDA's libraries
   # (about 5 GB installed), which loads them even on a machine without a GPU
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile -r "$work/$(basename "$1")"
+  # the bytecode of what every run imports, once (--no-compile: scripts/setup.sh says why)
+  env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -c "import torch._dynamo, pytest, numpy"
   echo "$want" > "$venv/.requirements.sha"
 }
 kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of its own, in its venv
@@ -58,6 +60,7 @@ kernels_site() {  # kernels_site ENV_FILE: that file's kernels in a folder of it
   if [ "$(cat "$site/.pin" 2>/dev/null)" != "$kernels_pin" ]; then
     rm -rf "$site"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile --target "$site" "$kernels_pin"
+    env -u PYTHONDONTWRITEBYTECODE PYTHONPATH="$site" "$venv/bin/python" -c "import kernels"
     echo "$kernels_pin" > "$site/.pin"
   fi
 }
