@@ -162,6 +162,7 @@ def test_untuned_switch_sets_the_shipped_tables_aside(kernel, monkeypatch):
         _clear(tuning)  # the later tests' lookups, with this machine's GPU
 
 
+@pytest.mark.cpu_only  # an environment variable read at import
 def test_untuned_switch_is_read_from_the_environment(kernel):
     """ROPE_BWD_TUNED=0 in the environment turns TUNED off for the process; unset, it is on."""
     code = f"""import importlib, kernels

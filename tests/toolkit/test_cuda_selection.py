@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from rope_bwd_triton import REPO_ROOT
 
 # A plugin loaded before the tests import torch's answer (tests/helpers.py: DEVICES): one GPU of
@@ -39,6 +41,7 @@ def on_cpu(nodeid) -> bool:
     return re.search(r"[\[-]cpu[\]-]", nodeid) is not None
 
 
+@pytest.mark.cpu_only  # a collection with a GPU faked
 def test_the_gpu_run_keeps_what_may_touch_cuda(tmp_path):
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ROPE_SHARD")}
