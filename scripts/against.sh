@@ -50,4 +50,4 @@ export PYTHONPATH=$site
 has_pins  # laid over .venv
 .venv/bin/python -m pytest -q -n 2 -p no:cacheprovider tests/test_internals.py tests/test_kernelize.py tests/toolkit/test_families.py \
   tests/toolkit/test_kernelize_transformers.py tests/toolkit/test_pickle.py \
-  tests/toolkit/test_decoders.py tests/test_decoder.py tests/toolkit/test_transformers_flows.py tests/toolkit/test_routes.py "$@"
+  tests/toolkit/test_decoders.py tests/toolkit/test_transformers_flows.py tests/toolkit/test_routes.py "$@"

@@ -8,13 +8,13 @@
 # environment with the oldest and the newest kernels, the latter on the newest torch and its
 # Triton, on the CPU and in the interpreter (scripts/hub-ci.sh), the tests that go through kernels
 # and transformers on the oldest releases the README supports and on the newest (scripts/against.sh
-# with requirements-oldest.txt, requirements-newest.txt), and the workflows' lint. Arguments go to
+# with requirements-oldest.txt, requirements-newest.txt), and the workflows' lint, these last four
+# side by side, each one's output printed when it ends. Arguments go to
 # the first two pytest runs. Every pytest run prints its skips by reason and fails on one outside
 # tests/skips.py's short list.
 # Each stage's wall time is printed at the end. The venvs of hub CI's twins (the newest torch's: a
 # few GB of wheels to unpack, one process) are made in the background, niced, while setup.sh makes
-# .venv on CI's other core and after it wherever a core idles; the hub-ci stage waits for them (its
-# time counts that wait).
+# .venv on CI's other core and after it wherever a core idles; the last four stages wait for them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Python's bytecode caches on, where the environment turns them off: each of the stages' dozens of
@@ -50,11 +50,30 @@ stage suite $PY -m pytest -q -n 2 --dist loadgroup "$@"  # loadgroup: tests/tool
 stage interpreter env TRITON_INTERPRET=1 $PY -m pytest -q -n 2 tests/test_*.py \
   tests/toolkit/test_families.py::test_kernelized_function_equals_the_familys \
   tests/toolkit/test_decoders.py::test_decoder_family "$@"
-hub_ci() {
-  prepared
-  bash scripts/hub-ci.sh requirements-oldest.txt requirements-newest.txt
+together() {  # together NAME FUNCTION ...: those stages at once, each one's output and time as it ends
+  local start=$SECONDS out i rc=0 names=() pids=()
+  out=$(mktemp -d)
+  while [ $# -gt 0 ]; do
+    names+=("$1")
+    (s=$SECONDS && "$2" && echo "$1: $((SECONDS - s)) s" >> "$out/times") > "$out/${#names[@]}.log" 2>&1 &
+    pids+=($!)
+    shift 2
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || rc=$?
+    echo "=== ${names[$i]}"
+    cat "$out/$((i + 1)).log"
+  done
+  [ ! -f "$out/times" ] || mapfile -t -O "${#times[@]}" times < "$out/times"
+  times+=("(${names[*]} side by side: $((SECONDS - start)) s)")
+  rm -rf "$out"
+  return "$rc"
 }
-stage hub-ci hub_ci
-stage oldest bash scripts/against.sh requirements-oldest.txt
-stage newest bash scripts/against.sh requirements-newest.txt
-stage lint-workflows bash scripts/lint-workflows.sh
+hub_ci() { bash scripts/hub-ci.sh requirements-oldest.txt requirements-newest.txt; }
+oldest() { bash scripts/against.sh requirements-oldest.txt; }
+newest() { bash scripts/against.sh requirements-newest.txt; }
+lint_workflows() { bash scripts/lint-workflows.sh; }
+prepared
+# hub CI's runs, one process each and of unequal lengths, leave a core idle part of the time: the
+# oldest and newest releases' workers and the workflows' lint run beside them
+together hub-ci hub_ci oldest oldest newest newest lint-workflows lint_workflows
