@@ -21,16 +21,23 @@ def rnd(gen, device, *shape, dtype=torch.float32, grad=False):
 
 # ------------------------------------------------------------------- opcheck
 
+# opcheck's aot_dispatch_dynamic test (AOTAutograd tracing the op and its autograd rule with
+# dynamic shapes) takes most of its time; it runs on the combinations that give the rule another
+# structure (angles or cos/sin, which gradients, interleaved and partial pairs), the others (another
+# dtype, or one side of a structure already traced) take the schema, autograd registration and fake
+# tensor tests alone.
+WITHOUT_AOT = ("test_schema", "test_autograd_registration", "test_faketensor")
+
 # (id, q heads, k heads, dtype of q/k, cos/sin table (else angles), the table needs a gradient,
-# table width (< D: partial rotary), interleaved pairs)
+# table width (< D: partial rotary), interleaved pairs, aot_dispatch_dynamic too)
 FWD_COMBOS = [
-    ("angles", 2, 2, torch.float32, False, False, D, False),
-    ("angles-grad", 2, 3, torch.float32, False, True, D, False),
-    ("cos_sin", 3, 1, torch.float32, True, False, D, False),
-    ("cos_sin-grad", 2, 2, torch.float32, True, True, D, False),
-    ("cos_sin-grad-bf16", 2, 4, torch.bfloat16, True, True, D, False),
-    ("cos_sin-grad-interleaved-partial", 2, 3, torch.float32, True, True, 6, True),
-    ("angles-interleaved", 3, 2, torch.bfloat16, False, False, D, True),
+    ("angles", 2, 2, torch.float32, False, False, D, False, True),
+    ("angles-grad", 2, 3, torch.float32, False, True, D, False, True),
+    ("cos_sin", 3, 1, torch.float32, True, False, D, False, True),
+    ("cos_sin-grad", 2, 2, torch.float32, True, True, D, False, True),
+    ("cos_sin-grad-bf16", 2, 4, torch.bfloat16, True, True, D, False, False),
+    ("cos_sin-grad-interleaved-partial", 2, 3, torch.float32, True, True, 6, True, True),
+    ("angles-interleaved", 3, 2, torch.bfloat16, False, False, D, True, False),
 ]
 
 
@@ -38,27 +45,28 @@ FWD_COMBOS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("combo", FWD_COMBOS, ids=[c[0] for c in FWD_COMBOS])
 def test_opcheck_rotary_fwd(kernel, gen, device, combo):
-    _, hq, hk, dtype, cos_sin, table_grad, R, interleaved = combo
+    _, hq, hk, dtype, cos_sin, table_grad, R, interleaved, aot = combo
     S = 5
     q, k = rnd(gen, device, S, hq, D, dtype=dtype, grad=True), rnd(gen, device, S, hk, D, dtype=dtype, grad=True)
     table = rnd(gen, device, S, R, grad=table_grad)
     sin = rnd(gen, device, S, R, grad=table_grad) if cos_sin else None
-    torch.library.opcheck(kernel.ops.rotary_fwd, (q, k, table, sin, interleaved))
+    utils = {} if aot else {"test_utils": WITHOUT_AOT}
+    torch.library.opcheck(kernel.ops.rotary_fwd, (q, k, table, sin, interleaved), **utils)
 
 
 # (id, q heads, k heads, dtype, cos/sin table, q and k given (table gradient), need_q, need_k, table
-# width, interleaved pairs)
+# width, interleaved pairs, aot_dispatch_dynamic too)
 BWD_COMBOS = [
-    ("angles-table_grad", 2, 2, torch.float32, False, True, True, True, D, False),
-    ("angles-q_only", 2, 3, torch.float32, False, False, True, False, D, False),
-    ("angles-table_grad-k_only", 3, 1, torch.float32, False, True, False, True, D, False),
-    ("cos_sin-table_grad", 2, 3, torch.float32, True, True, True, True, D, False),
-    ("cos_sin-k_only", 2, 2, torch.float32, True, False, False, True, D, False),
-    ("cos_sin-table_only-bf16", 4, 2, torch.bfloat16, True, True, False, False, D, False),
-    ("angles-bf16", 2, 2, torch.bfloat16, False, True, True, True, D, False),
-    ("cos_sin-table_grad-interleaved-partial", 2, 3, torch.float32, True, True, True, True, 6, True),
-    ("cos_sin-q_only-partial", 2, 2, torch.bfloat16, True, False, True, False, 4, False),
-    ("angles-k_only-interleaved", 1, 3, torch.float32, False, False, False, True, D, True),
+    ("angles-table_grad", 2, 2, torch.float32, False, True, True, True, D, False, True),
+    ("angles-q_only", 2, 3, torch.float32, False, False, True, False, D, False, True),
+    ("angles-table_grad-k_only", 3, 1, torch.float32, False, True, False, True, D, False, True),
+    ("cos_sin-table_grad", 2, 3, torch.float32, True, True, True, True, D, False, True),
+    ("cos_sin-k_only", 2, 2, torch.float32, True, False, False, True, D, False, True),
+    ("cos_sin-table_only-bf16", 4, 2, torch.bfloat16, True, True, False, False, D, False, True),
+    ("angles-bf16", 2, 2, torch.bfloat16, False, True, True, True, D, False, False),
+    ("cos_sin-table_grad-interleaved-partial", 2, 3, torch.float32, True, True, True, True, 6, True, True),
+    ("cos_sin-q_only-partial", 2, 2, torch.bfloat16, True, False, True, False, 4, False, False),
+    ("angles-k_only-interleaved", 1, 3, torch.float32, False, False, False, True, D, True, False),
 ]
 
 
@@ -66,14 +74,15 @@ BWD_COMBOS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("combo", BWD_COMBOS, ids=[c[0] for c in BWD_COMBOS])
 def test_opcheck_rotary_bwd(kernel, gen, device, combo):
-    _, hq, hk, dtype, cos_sin, table_grad, need_q, need_k, R, interleaved = combo
+    _, hq, hk, dtype, cos_sin, table_grad, need_q, need_k, R, interleaved, aot = combo
     S = 5
     gq, gk = rnd(gen, device, S, hq, D, dtype=dtype), rnd(gen, device, S, hk, D, dtype=dtype)
     q = rnd(gen, device, S, hq, D, dtype=dtype) if table_grad else None
     k = rnd(gen, device, S, hk, D, dtype=dtype) if table_grad else None
     table = rnd(gen, device, S, R)
     sin = rnd(gen, device, S, R) if cos_sin else None
-    torch.library.opcheck(kernel.ops.rotary_bwd, (gq, gk, q, k, table, sin, need_q, need_k, interleaved))
+    utils = {} if aot else {"test_utils": WITHOUT_AOT}
+    torch.library.opcheck(kernel.ops.rotary_bwd, (gq, gk, q, k, table, sin, need_q, need_k, interleaved), **utils)
 
 
 @pytest.mark.parametrize("device", DEVICES)
