@@ -133,9 +133,9 @@ def _zip(package: Path, archive: Path) -> None:
 
 
 def _symbols(fresh: Path, built: list[Path]) -> str:
-    """symbols.json: that of a build in `built` holding the same files (the previous build, or
-    this build's other backend: the package is the same), else from loading `fresh` in a new
-    process (as kernel-builder's get_kernel check loads its output)."""
+    """symbols.json: that of a build in `built` holding the same files (the previous build, this
+    build's other backend, the checkout's build/: the package is the same), else from loading
+    `fresh` in a new process (as kernel-builder's get_kernel check loads its output)."""
     described = [p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file() and p.name != "metadata.json"]
     for other in built:
         same = all((other / r).is_file() and (other / r).read_bytes() == (fresh / r).read_bytes() for r in described)
@@ -177,7 +177,8 @@ def build_variants(root: Path = REPO_ROOT, out: Path | None = None, layout: str 
             else:
                 package.rename(fresh)
             (fresh / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
-            (fresh / "symbols.json").write_text(_symbols(fresh, [variant, *variants]))
+            earlier = [variant, *variants, root / "build" / variant.name]  # the checkout's own build last
+            (fresh / "symbols.json").write_text(_symbols(fresh, earlier))
             meta["digest"] = _hash_variant(fresh)
             (fresh / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
             Metadata.read_from_file(fresh / "metadata.json")  # the loader's parser must accept it
