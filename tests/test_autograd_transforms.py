@@ -69,7 +69,7 @@ def assert_close(got, ref, what):
 
 GRAD_SETS = {"all": None, "heads": (True, True, False, False), "tables": (False, False, True, True)}
 # Finite differences perturb each input element twice per output: fewer tokens and heads (GQA kept)
-SMALL = dict(s=3, hq=2, hk=1)
+SMALL = dict(s=2, hq=2, hk=1)
 
 
 @pytest.mark.parametrize("which", GRAD_SETS)
