@@ -2,8 +2,8 @@
 # Idempotent set-up of the project's virtual environment (.venv), shared by the
 # demo and the tests. Reinstalls only when requirements-dev.txt changes. --no-compile: the
 # bytecode of the modules every run imports is written once by importing them, the rest's when a
-# run first imports it, rather than pip's pass over every module of every package (most of torch's
-# and transformers' are never imported; that pass doubles the install's time).
+# run first imports it, rather than by pip's pass over every module of every package (most of
+# torch's and transformers' modules no run imports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}

@@ -1,10 +1,10 @@
 """Triton's interpreter (TRITON_INTERPRET=1), each launch's patches made once.
 
 A launch patches triton.language's builtins with NumPy ones for the kernel's module (and restores
-them when the launch ends); every device-function call inside it patches them again for its own
-module, at once per call and per program: most of an interpreted test's time when the kernel
-calls its helpers a few dozen times a program. Within one launch a second patch for the same
-module globals sets what the first set, so install() lets only the first of each through.
+them when the launch ends); every device-function call inside it patches them again for the
+callee's module, in every program: most of an interpreted test's time where the kernel calls its
+helpers a few dozen times a program. Within one launch a second patch for the same module globals
+sets what the first set, so install() lets only the first of each through.
 
 This uses two private names of triton.runtime.interpreter, GridExecutor.__call__ (the launch) and
 _patch_lang (the patch), checked on Triton 3.8 and 3.9. Where a release lacks them, install()
