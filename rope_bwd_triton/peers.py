@@ -46,8 +46,8 @@ def raise_recompile_limit(limit=1024):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
 
 
-# The compile peer's torch.compile backend (bench --compile-backend; the CPU tests take aot_eager,
-# which checks the same frames without inductor's code generation)
+# The compile peer's torch.compile backend (bench --compile-backend; the bench's tests take
+# aot_eager, dynamo's graphs without inductor's code generation)
 COMPILE_BACKEND = "inductor"
 
 
